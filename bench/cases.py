@@ -1,0 +1,50 @@
+"""The study's five experiments: one hyperparameter varied around the optimal configuration.
+
+Case ids are the pytest ids (`blocks-2`, `units-1024`, `batch-64`, `act-sigmoid`,
+`opt-sgd`) and the keys of per-case budgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXPERIMENTS: dict[str, tuple[str, tuple[object, ...]]] = {
+    # experiment: (TrainConfig field, values), in the study's order
+    "blocks": ("depth", (2, 3, 4, 5)),
+    "units": ("width", (128, 256, 512, 1024, 2048)),
+    "batch": ("batch_size", (64, 128, 256, 512)),
+    "act": ("activation", ("relu", "leaky_relu", "tanh", "sigmoid", "silu")),
+    "opt": ("optimizer", ("adagrad", "rmsprop", "sgd", "adam")),
+}
+TITLES = {
+    "blocks": "hidden blocks",
+    "units": "hidden units",
+    "batch": "batch size",
+    "act": "activation",
+    "opt": "optimizer",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    experiment: str
+    value: object
+
+    @property
+    def id(self) -> str:
+        return f"{self.experiment}-{self.value}"
+
+    @property
+    def changes(self) -> dict[str, object]:
+        return {EXPERIMENTS[self.experiment][0]: self.value}
+
+
+def experiment_cases(experiment: str) -> list[Case]:
+    return [Case(experiment, value) for value in EXPERIMENTS[experiment][1]]
+
+
+def all_cases() -> list[Case]:
+    return [case for name in EXPERIMENTS for case in experiment_cases(name)]
+
+
+CASE_IDS = frozenset(case.id for case in all_cases())

@@ -1,0 +1,184 @@
+"""The `loadbench` fixture: train one case under pytest-benchmark while the monitor watches.
+
+`LoadBench.run(case)` builds the case's configuration from the session options,
+times full trainings with ``benchmark.pedantic`` (fresh model and optimizer per
+round, built in ``setup`` so building is not timed), samples load on the monitor
+thread, evaluates, fills ``benchmark.extra_info``, writes the sample series beside
+the run, and then checks budgets and the baseline. A broken limit fails this test
+with a message per metric; the record was already saved in extra_info by then.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from bench.budgets import Failure
+from bench.budgets import check_ceilings
+from bench.budgets import check_floors
+from bench.cases import Case
+from bench.compare import check_against
+from bench.compare import deltas
+from bench.compare import time_samples
+from bench.loadstats import summarize
+from bench.sampler import LoadMonitor
+from bench.series import safe_name
+from bench.series import write_series
+from bench.session import LoadBenchSession
+from model.config import TrainConfig
+from model.cost import training_cost
+from model.train import Trainer
+from model.train import TrainResult
+
+PROGRESS_EVERY_S = 1.0  # at most one progress line a second, so fast epochs do not flood
+
+
+class LoadBench:
+    def __init__(self, benchmark: Any, session: LoadBenchSession, request: pytest.FixtureRequest) -> None:
+        self.benchmark = benchmark
+        self.session = session
+        self.request = request
+        self.used = False
+
+    def config_for(self, case: Case, **overrides: object) -> TrainConfig:
+        o = self.session.options
+        base = TrainConfig(epochs=o.epochs, impl=o.impl, precision=o.precision, loop=o.loop)
+        return base.replace(**case.changes, **overrides)
+
+    def run(self, case: Case, **overrides: object) -> TrainResult:
+        """Train `case` (with `overrides` of its TrainConfig), measure, record and judge it."""
+        if self.used:
+            raise RuntimeError("loadbench.run() may be called once per test: one timed region per record")
+        self.used = True
+        session, options = self.session, self.session.options
+        config = self.config_for(case, **overrides)
+        data = session.dataset()
+        self.benchmark.group = case.experiment
+        self.benchmark.extra_info.update(case=case.id, experiment=case.experiment, config=config.as_dict())
+
+        monitor = LoadMonitor(options.device, options.monitor_period, probe=session.probe)
+        trainers: list[Trainer] = []
+        progress = self._progress(case, config, monitor)
+
+        def setup() -> tuple[tuple[Trainer], dict[str, Any]]:
+            gc.collect()
+            if options.device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(options.device)
+            trainers.append(Trainer(config, data))
+            return (trainers[-1],), {}
+
+        def fit(trainer: Trainer) -> None:
+            trainer.fit(progress)
+
+        try:
+            with monitor:
+                self.benchmark.pedantic(fit, setup=setup, rounds=options.profile.rounds, warmup_rounds=0)
+        except torch.cuda.OutOfMemoryError as exc:
+            pytest.fail(
+                f"{case.id}: out of GPU memory (batch {config.batch_size}, width {config.width}, "
+                f"depth {config.depth}) on {options.device}: {str(exc).splitlines()[0]}",
+                pytrace=False,
+            )
+        result = trainers[-1].result()
+        record = self._record(case, config, result, trainers, monitor)
+        self.benchmark.extra_info.update(record)
+        self._judge(case, record)
+        return result
+
+    def _progress(self, case: Case, config: TrainConfig, monitor: LoadMonitor) -> Any:
+        verbose = self.request.config.get_verbosity() > 0 or self.request.config.getoption("capture") == "no"
+        reporter = self.request.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.request.config.pluginmanager.get_plugin("capturemanager")
+        last = [0.0]
+
+        def on_epoch(epoch: int, seconds: float, loss: float) -> None:
+            monitor.epoch = epoch
+            now = time.monotonic()
+            final = epoch == config.epochs - 1
+            if not verbose or reporter is None or (now - last[0] < PROGRESS_EVERY_S and not final):
+                return
+            last[0] = now
+            line = f"  {case.id}: epoch {epoch + 1}/{config.epochs}  {seconds:.3f} s  loss {loss:.4f}"
+            if capture is not None:
+                with capture.global_and_fixture_disabled():
+                    reporter.write_line(line)
+            else:
+                reporter.write_line(line)
+
+        return on_epoch
+
+    def _record(
+        self, case: Case, config: TrainConfig, result: TrainResult, trainers: list[Trainer], monitor: LoadMonitor
+    ) -> dict[str, Any]:
+        session, options = self.session, self.session.options
+        data = session.dataset()
+        rounds = [t.epoch_seconds for t in trainers]
+        steady = time_samples({"epoch_seconds_by_round": rounds}) or rounds[-1]
+        median_epoch = statistics.median(steady)
+        cost = training_cost(config, len(data.y_train), data.n_features, data.n_classes)
+        epochs = sum(len(r) for r in rounds)
+        load = summarize(
+            list(monitor.samples),
+            gpu=monitor.gpu.info if monitor.gpu else None,
+            energy_j=monitor.energy_j,
+            epochs=epochs,
+            elapsed=monitor.elapsed,
+            busy_seconds=monitor.busy_seconds,
+            period=monitor.period,
+            unavailable=monitor.unavailable,
+        )
+        cuda = options.device.type == "cuda"
+        rss = load["fields"]["rss_mib"]  # type: ignore[index]
+        series = write_series(
+            session.series_dir / f"{safe_name(self.request.node.name)}.csv", list(monitor.samples)
+        )
+        throttle = load["throttle"]
+        return {
+            "profile": options.profile.name,
+            "dataset": data.describe(),
+            "loop_ran": result.loop,
+            "optimizer_impl": result.optimizer_impl,
+            "notes": result.notes,
+            "epoch_seconds_by_round": rounds,
+            "first_epoch_s": rounds[-1][0],
+            "median_epoch_s": median_epoch,
+            "train_seconds": sum(rounds[-1]),
+            "samples_per_s": len(data.y_train) / median_epoch,
+            "tflops": cost.tflops(median_epoch),
+            "cost": cost.as_dict(),
+            "accuracy": result.accuracy,
+            "macro_f1": result.macro_f1,
+            "weighted_f1": result.weighted_f1,
+            "final_loss": result.final_loss,
+            "confusion": result.confusion,
+            "vram_peak_mib": torch.cuda.max_memory_allocated(options.device) / 2**20 if cuda else None,
+            "vram_reserved_peak_mib": torch.cuda.max_memory_reserved(options.device) / 2**20 if cuda else None,
+            "rss_peak_mib": rss["max"] if rss else None,
+            "energy_j": load["energy_j"],
+            "energy_per_epoch_j": load["energy_per_epoch_j"],
+            "throttled": bool(throttle and throttle["throttled"]),  # type: ignore[index]
+            "load": load,
+            "series_path": str(series),
+        }
+
+    def _judge(self, case: Case, record: dict[str, Any]) -> None:
+        session = self.session
+        budget = session.budgets.resolve(session.options.profile.name, case.experiment, case.id)
+        failures: list[Failure] = check_floors(budget, record) + check_ceilings(budget, record)
+        entry: dict[str, Any] = {"case": case, "record": record, "failures": failures, "deltas": None}
+        found = session.baseline_for(self.benchmark.fullname)
+        if found is not None:
+            baseline, saved = found
+            entry["deltas"] = deltas(record, saved.get("extra_info", {}))
+            if baseline.gating:
+                failures += check_against(budget, record, saved.get("extra_info", {}))
+        session.records.append(entry)
+        if failures:
+            lines = "\n".join(f"  {f.message}" for f in failures)
+            pytest.fail(f"{case.id}: {len(failures)} budget(s) broken\n{lines}", pytrace=False)

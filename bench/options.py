@@ -1,0 +1,137 @@
+"""Command-line options of the harness: profiles, validators and the resolved `Options`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.config import IMPLS
+from model.config import LOOPS
+from model.config import PRECISIONS
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    scale: float  # fraction of the dataset's frames
+    epochs: int
+    rounds: int  # full trainings timed per case
+    about: str
+
+
+PROFILES = {
+    "smoke": Profile("smoke", 0.1, 8, 1, "10% of the frames, 8 epochs: the CPU check of every code path"),
+    "quick": Profile("quick", 1.0, 40, 1, "all frames, 40 epochs: accuracy budgets mean something"),
+    "thesis": Profile("thesis", 1.0, 400, 1, "all frames, the study's 400 epochs"),
+}
+DEFAULT_BUDGETS = Path(__file__).with_name("budgets.toml")
+
+
+def parse_device(value: str) -> str:
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N")
+
+
+def parse_period(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0.001 <= seconds <= 60:
+        raise argparse.ArgumentTypeError(f"{value!r}: the monitor period must be between 0.001 and 60 s")
+    return seconds
+
+
+def parse_positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return int(value)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("loadbench", "mlp-loadbench")
+    group.addoption("--profile", choices=sorted(PROFILES), default=None,
+                    help="smoke, quick or thesis. Default: quick with a GPU, smoke without.")
+    group.addoption("--device", type=parse_device, default="auto", metavar="DEVICE",
+                    help="auto, cpu, cuda or cuda:N. Default: %(default)r (cuda when present).")
+    group.addoption("--loop", choices=LOOPS, default=None,
+                    help="training loop. Default: graph on a GPU, fast on a CPU.")
+    group.addoption("--impl", choices=IMPLS, default="torch", help="layer implementation. Default: %(default)r")
+    group.addoption("--precision", choices=PRECISIONS, default="fp32",
+                    help="fp32 (strict, TF32 off), tf32 or bf16. Default: %(default)r")
+    group.addoption("--dataset", default="synthetic", metavar="synthetic|PATH.csv",
+                    help="the embedded generator or a CSV in the study's schema. Default: %(default)r")
+    group.addoption("--budgets", default=str(DEFAULT_BUDGETS), metavar="PATH",
+                    help="budgets TOML file. Default: bench/budgets.toml")
+    group.addoption("--monitor-period", type=parse_period, default=0.1, metavar="SECONDS",
+                    help="load sampling period. Default: %(default)r")
+    group.addoption("--series-dir", default=None, metavar="DIR",
+                    help="where per-case sample series go. Default: series/ inside the benchmark storage")
+    group.addoption("--epochs", type=parse_positive_int, default=None, metavar="N",
+                    help="override the profile's epochs")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Options:
+    profile: Profile
+    profile_was_default: bool
+    device: torch.device
+    loop: str
+    impl: str
+    precision: str
+    dataset: str
+    budgets: Path
+    monitor_period: float
+    series_dir: Path | None
+    epochs: int
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Options:
+        device = resolve_device(config.getoption("device"))
+        gpu = device.type == "cuda"
+        name = config.getoption("profile")
+        profile = PROFILES[name or ("quick" if gpu else "smoke")]
+        dataset = config.getoption("dataset")
+        if dataset != "synthetic" and not Path(dataset).is_file():
+            raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
+        series = config.getoption("series_dir")
+        return cls(
+            profile=profile,
+            profile_was_default=name is None,
+            device=device,
+            loop=config.getoption("loop") or ("graph" if gpu else "fast"),
+            impl=config.getoption("impl"),
+            precision=config.getoption("precision"),
+            dataset=dataset,
+            budgets=Path(config.getoption("budgets")),
+            monitor_period=config.getoption("monitor_period"),
+            series_dir=Path(series) if series else None,
+            epochs=config.getoption("epochs") or profile.epochs,
+        )
+
+    def header(self) -> str:
+        default = " (default for this machine)" if self.profile_was_default else ""
+        return (
+            f"mlp-loadbench: profile {self.profile.name}{default}: {self.profile.about}; "
+            f"epochs {self.epochs}, device {self.device}, loop {self.loop}, impl {self.impl}, "
+            f"precision {self.precision}, dataset {self.dataset}"
+        )
+
+
+def resolve_device(value: str) -> torch.device:
+    if value == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(value)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"--device {value}: no CUDA GPU is visible to torch on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise pytest.UsageError(
+                f"--device {value}: only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
+    return device

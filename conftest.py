@@ -1,0 +1,3 @@
+"""Registers the mlp-loadbench pytest plugin for every run inside this checkout."""
+
+pytest_plugins = ["bench.plugin"]

@@ -1,0 +1,56 @@
+"""One training configuration: the study's five hyperparameters plus our own axes.
+
+A `TrainConfig` is frozen and hashable so it can key caches and name pytest cases;
+`TrainConfig.OPTIMAL` is the study's optimal configuration, the centre every
+experiment varies one axis around.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
+OPTIMIZERS = ("adagrad", "rmsprop", "sgd", "adam")
+IMPLS = ("torch", "triton")
+PRECISIONS = ("fp32", "tf32", "bf16")
+LOOPS = ("reference", "fast", "graph", "step-graph")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    depth: int = 3  # hidden blocks, each Linear then activation
+    width: int = 512  # hidden units per block
+    batch_size: int = 512
+    activation: str = "leaky_relu"
+    optimizer: str = "adam"
+    epochs: int = 400  # the study's schedule
+    impl: str = "torch"  # 'triton' routes every Linear through kernels/linear_act.py
+    precision: str = "fp32"  # fp32 is strict IEEE (TF32 off)
+    loop: str = "fast"
+    seed: int = 42  # split, torch, numpy and random
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("activation", ACTIVATIONS),
+            ("optimizer", OPTIMIZERS),
+            ("impl", IMPLS),
+            ("precision", PRECISIONS),
+            ("loop", LOOPS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"TrainConfig.{name}={value!r}: expected one of {', '.join(allowed)}")
+        for name in ("depth", "width", "batch_size", "epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainConfig.{name}={value!r}: expected a positive integer")
+
+    def replace(self, **changes: object) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+TrainConfig.OPTIMAL = TrainConfig()  # type: ignore[attr-defined]

@@ -1,0 +1,248 @@
+"""Training: the study's optimizers, precision modes and loops.
+
+Loops, all with the same math (cross-entropy, one optimizer step per batch, the last
+partial batch kept as a smaller batch, as the study's DataLoader did):
+
+- ``reference``: the study's loop, kept so every run can measure the gap to it: a
+  DataLoader over a TensorDataset with shuffle, which gathers samples one by one on
+  the host side, and a per-step ``loss.item()``.
+- ``fast``: data stays on the device, batches are slices of a device ``randperm``, a
+  fused (or foreach) optimizer, and no host synchronisation inside an epoch: the
+  loss is summed on the device and read once per epoch.
+- ``graph`` and ``step-graph``: the fast loop replayed from CUDA graphs, one graph
+  per epoch or one per step (model/graph_loop.py); on a CPU, or with an optimizer
+  whose step cannot be captured, they run the fast loop and say so in the result.
+
+`Trainer` splits setup (model and optimizer), `fit` (the part a benchmark times) and
+`evaluate`, and reports each epoch through a callback so a harness can time and show
+progress without the loop knowing about it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import random
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torch.utils.data import TensorDataset
+
+from model.config import TrainConfig
+from model.data import Dataset
+from model.metrics import classification_report
+from model.mlp import MLP
+
+# The study's optimizer settings.
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, float]]] = {
+    "adam": (torch.optim.Adam, {"lr": 1e-4, "weight_decay": 1e-4}),
+    "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+    "adagrad": (torch.optim.Adagrad, {"lr": 0.01, "lr_decay": 1e-6, "weight_decay": 1e-4}),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 1e-4}),
+}
+
+GRAPH_LOOPS = ("graph", "step-graph")
+EpochCallback = Callable[[int, float, float], None]  # (epoch index, seconds, mean loss)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+
+
+def make_optimizer(
+    name: str, params: list[torch.nn.Parameter], fast: bool, capturable: bool = False
+) -> tuple[torch.optim.Optimizer, str]:
+    """The study's optimizer; with ``fast``, its fused or foreach implementation.
+
+    Returns the optimizer and how it runs ('fused', 'foreach' or 'default', with
+    '+capturable' when its step can be captured in a CUDA graph), since fused and
+    capturable support differ by optimizer, device and torch version.
+    """
+    cls, settings = OPTIMIZERS[name]
+    if not fast:
+        return cls(params, **settings), "default"
+    accepts = inspect.signature(cls.__init__).parameters
+    extra = {"capturable": True} if capturable and "capturable" in accepts else {}
+    suffix = "+capturable" if extra or (capturable and name == "sgd") else ""
+    if "fused" in accepts:
+        try:
+            return cls(params, **settings, fused=True, **extra), "fused" + suffix
+        except (RuntimeError, TypeError, ValueError):
+            pass  # no fused kernel for this optimizer on this device
+    return cls(params, **settings, foreach=True, **extra), "foreach" + suffix
+
+
+@contextlib.contextmanager
+def precision_mode(precision: str) -> Iterator[None]:
+    """fp32 is strict IEEE (TF32 off); tf32 lets fp32 matmuls use TF32 (bf16 autocasts per step)."""
+    previous = torch.get_float32_matmul_precision()
+    cudnn_tf32 = torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """bf16 autocast around one forward pass. Entered per step: autocast caches weight
+    casts until it exits, which must happen before the optimizer changes the weights.
+    The cache is off so the same code is safe inside CUDA-graph capture."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class TrainResult:
+    config: TrainConfig
+    epoch_seconds: list[float]
+    losses: list[float]
+    accuracy: float
+    macro_f1: float
+    weighted_f1: float
+    confusion: list[list[int]]
+    optimizer_impl: str
+    loop: str  # the loop that ran: a 'graph' request falls back to 'fast' where capture is impossible
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def final_loss(self) -> float:
+        return self.losses[-1] if self.losses else float("nan")
+
+
+class Trainer:
+    """One training run of `config` on `data`: build in __init__, `fit`, `evaluate`."""
+
+    def __init__(self, config: TrainConfig, data: Dataset) -> None:
+        self.config = config
+        self.data = data
+        self.device = data.device
+        seed_everything(config.seed)
+        self.model = MLP(
+            data.n_features, config.width, config.depth, data.n_classes, config.activation, config.impl
+        ).to(self.device)
+        fast = config.loop != "reference"
+        capturable = config.loop in GRAPH_LOOPS and self.device.type == "cuda"
+        self.optimizer, self.optimizer_impl = make_optimizer(
+            config.optimizer, list(self.model.parameters()), fast, capturable
+        )
+        self.generator = torch.Generator(device=self.device if fast else "cpu").manual_seed(config.seed)
+        self.loop = "fast" if config.loop in GRAPH_LOOPS and self.device.type != "cuda" else config.loop
+        self.notes: list[str] = []
+        if self.loop != config.loop:
+            self.notes.append(f"loop {config.loop!r} runs as {self.loop!r} on {self.device.type}")
+        self.epoch_seconds: list[float] = []
+        self.losses: list[float] = []
+        self._epoch = self._make_epoch()
+
+    def _make_epoch(self) -> Callable[[], float]:
+        if self.loop == "reference":
+            return self._reference_epoch
+        if self.loop in GRAPH_LOOPS:
+            from model.graph_loop import build_graph_epoch
+
+            graph = build_graph_epoch(self, whole_epoch=self.loop == "graph")
+            if graph is not None:
+                return graph
+            self.loop = "fast"
+        return self._fast_epoch
+
+    def fit(self, on_epoch: EpochCallback | None = None, epochs: int | None = None) -> None:
+        """Train for `epochs` (default: the config's), timing each epoch with a sync."""
+        self.model.train()
+        with precision_mode(self.config.precision):
+            for _ in range(self.config.epochs if epochs is None else epochs):
+                synchronize(self.device)
+                start = time.perf_counter()
+                loss = self._epoch()
+                synchronize(self.device)
+                seconds = time.perf_counter() - start
+                self.epoch_seconds.append(seconds)
+                self.losses.append(loss)
+                if on_epoch is not None:
+                    on_epoch(len(self.epoch_seconds) - 1, seconds, loss)
+
+    def _reference_epoch(self) -> float:
+        loader = DataLoader(
+            TensorDataset(self.data.x_train, self.data.y_train),
+            batch_size=self.config.batch_size,
+            shuffle=True,
+            generator=self.generator,
+        )
+        total, count = 0.0, 0
+        for x, y in loader:
+            self.optimizer.zero_grad()
+            with autocast(self.config.precision, self.device):
+                loss = F.cross_entropy(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            total += loss.item() * len(y)
+            count += len(y)
+        return total / count
+
+    def _fast_epoch(self) -> float:
+        x_all, y_all = self.data.x_train, self.data.y_train
+        n, batch = len(y_all), self.config.batch_size
+        order = torch.randperm(n, device=self.device, generator=self.generator)
+        total = torch.zeros((), device=self.device)
+        for start in range(0, n, batch):
+            index = order[start : start + batch]
+            x, y = x_all[index], y_all[index]
+            total += self.step(x, y) * len(index)
+        return float(total) / n  # the epoch's one host read
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step; returns the batch's mean loss as a device tensor."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.config.precision, self.device):
+            loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach().float()
+
+    @torch.no_grad()
+    def evaluate(self, batch: int = 16384) -> dict[str, object]:
+        self.model.eval()
+        with precision_mode(self.config.precision), autocast(self.config.precision, self.device):
+            predictions = torch.cat([self.model(x).argmax(1) for x in self.data.x_test.split(batch)])
+        self.model.train()
+        return classification_report(self.data.y_test, predictions, self.data.n_classes)
+
+    def result(self) -> TrainResult:
+        metrics = self.evaluate()
+        return TrainResult(
+            config=self.config,
+            epoch_seconds=list(self.epoch_seconds),
+            losses=list(self.losses),
+            accuracy=metrics["accuracy"],  # type: ignore[arg-type]
+            macro_f1=metrics["macro_f1"],  # type: ignore[arg-type]
+            weighted_f1=metrics["weighted_f1"],  # type: ignore[arg-type]
+            confusion=metrics["confusion"],  # type: ignore[arg-type]
+            optimizer_impl=self.optimizer_impl,
+            loop=self.loop,
+            notes=list(self.notes),
+        )
+
+
+def train(config: TrainConfig, data: Dataset, on_epoch: EpochCallback | None = None) -> TrainResult:
+    """Build, fit and evaluate `config` on `data`."""
+    trainer = Trainer(config, data)
+    trainer.fit(on_epoch)
+    return trainer.result()
