@@ -22,6 +22,17 @@ TITLES = {
     "batch": "batch size",
     "act": "activation",
     "opt": "optimizer",
+    "loop": "training loop",
+}
+
+
+# The headline comparison of training loops on the optimal configuration.
+LOOP_CASES = {  # case value: TrainConfig changes
+    "reference": {"loop": "reference"},
+    "fast": {"loop": "fast"},
+    "step-graph": {"loop": "step-graph"},
+    "graph": {"loop": "graph"},
+    "graph-triton": {"loop": "graph", "impl": "triton"},
 }
 
 
@@ -36,6 +47,8 @@ class Case:
 
     @property
     def changes(self) -> dict[str, object]:
+        if self.experiment == "loop":
+            return dict(LOOP_CASES[str(self.value)])
         return {EXPERIMENTS[self.experiment][0]: self.value}
 
 
@@ -47,4 +60,8 @@ def all_cases() -> list[Case]:
     return [case for name in EXPERIMENTS for case in experiment_cases(name)]
 
 
-CASE_IDS = frozenset(case.id for case in all_cases())
+def loop_cases() -> list[Case]:
+    return [Case("loop", value) for value in LOOP_CASES]
+
+
+CASE_IDS = frozenset(case.id for case in all_cases() + loop_cases())

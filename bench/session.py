@@ -101,6 +101,13 @@ class LoadBenchSession:
         root = Path(getattr(storage, "path", ".benchmarks"))
         return root / "series" / self.started.strftime("%Y%m%d_%H%M%S")
 
+    def record_of(self, case_id: str) -> dict[str, Any] | None:
+        """The record of a case already run in this session (for side-by-side ratios)."""
+        for entry in self.records:
+            if entry["case"].id == case_id:
+                return entry["record"]
+        return None
+
     def baseline_for(self, fullname: str) -> tuple[Baseline, dict[str, Any]] | None:
         for baseline in self.baselines:
             if fullname in baseline.benchmarks:

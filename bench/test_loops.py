@@ -1,0 +1,42 @@
+"""The headline: the optimal configuration through each training loop, side by side.
+
+Each loop's record gets its speedup over the study's reference loop measured in the
+same session, its achieved TFLOP/s and its fraction of the roofline (the cost
+model's FLOPs at the card's measured matmul ceiling).
+"""
+
+import pytest
+
+from bench.cases import Case
+from bench.cases import loop_cases
+from bench.ceiling import matmul_tflops
+
+
+@pytest.fixture(scope="session")
+def ceiling_tflops(request) -> dict:
+    session = request.config.pluginmanager.get_plugin("loadbench")
+    options = session.options
+    return {"precision": options.precision, "tflops": matmul_tflops(options.device, options.precision)}
+
+
+# Triton's CPU interpreter runs a 512-wide step in about 20 s: on a CPU the fused
+# case checks the code path on a narrow model for one epoch (its record says so).
+INTERPRETER_OVERRIDES = {"width": 32, "epochs": 1}
+
+
+@pytest.mark.parametrize("case", loop_cases(), ids=lambda case: case.id)
+def test_training_loop(loadbench, case: Case, ceiling_tflops) -> None:
+    cpu = loadbench.session.options.device.type == "cpu"
+    overrides = INTERPRETER_OVERRIDES if cpu and case.changes.get("impl") == "triton" else {}
+    try:
+        loadbench.run(case, **overrides)
+    finally:
+        record = loadbench.benchmark.extra_info
+        if "median_epoch_s" in record:
+            roofline = record["cost"]["train_flops_per_epoch"] / (ceiling_tflops["tflops"] * 1e12)
+            record["matmul_ceiling_tflops"] = ceiling_tflops["tflops"]
+            record["roofline_epoch_s"] = roofline
+            record["roofline_fraction"] = roofline / record["median_epoch_s"]
+            reference = loadbench.session.record_of("loop-reference")
+            if reference is not None:
+                record["speedup_vs_reference"] = reference["median_epoch_s"] / record["median_epoch_s"]

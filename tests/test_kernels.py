@@ -1,0 +1,162 @@
+"""The fused linear+activation op against torch, on CPU (Triton interpreter) and GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from kernels.linear_act import ACTIVATIONS
+from kernels.linear_act import launch_config
+from kernels.linear_act import linear_act
+from model.mlp import MLP
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+REFERENCE = {
+    "identity": lambda z: z,
+    "relu": F.relu,
+    "leaky_relu": lambda z: F.leaky_relu(z, 0.01),
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+}
+
+
+def run(fn, x, w, b, dy):
+    """Output and the three gradients of fn(x, w, b) for upstream gradient dy."""
+    x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = fn(x, w, b)
+    y.backward(dy)
+    return [y.detach(), x.grad, w.grad, b.grad]
+
+
+def inputs(m, k, n, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: (torch.randn(*shape, generator=g) / max(1, shape[-1]) ** 0.25).to(DEVICE, dtype)  # noqa: E731
+    return make(m, k), make(n, k), make(n), make(m, n)
+
+
+def check_against_float64(m, k, n, activation, dtype, factor=1.5, floor=None):
+    """Our error against a float64 reference is at most `factor` x eager torch's in the same dtype."""
+    x, w, b, dy = inputs(m, k, n, dtype)
+    torch_fn = lambda x, w, b: REFERENCE[activation](F.linear(x, w, b))  # noqa: E731
+    ours = run(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, dy)
+    eager = run(torch_fn, x, w, b, dy)
+    exact = run(torch_fn, x.double(), w.double(), b.double(), dy.double())
+    floor = floor if floor is not None else {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    for name, o, e, r in zip(("y", "dx", "dw", "db"), ours, eager, exact):
+        ours_err = (o.double() - r).abs().max().item()
+        torch_err = (e.double() - r).abs().max().item()
+        scale = r.abs().max().item() + 1e-12
+        assert ours_err <= factor * torch_err + floor * scale, (name, ours_err, torch_err)
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("shape", [(64, 75, 128), (37, 75, 10), (128, 96, 64)], ids=["first-layer", "head", "hidden"])
+def test_forward_and_gradients_match_torch_fp32(activation, shape) -> None:
+    torch.set_float32_matmul_precision("highest")
+    check_against_float64(*shape, activation, torch.float32)
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_forward_and_gradients_match_torch_fp16(activation) -> None:
+    check_against_float64(48, 75, 40, activation, torch.float16)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 130),
+    k=st.sampled_from([1, 10, 17, 75, 64, 100]),
+    n=st.sampled_from([1, 10, 33, 64, 96]),
+    activation=st.sampled_from(sorted(ACTIVATIONS)),
+)
+def test_any_shape_is_masked_correctly(m, k, n, activation) -> None:
+    # weird shapes: nothing needs to be a multiple of a block
+    torch.set_float32_matmul_precision("highest")
+    check_against_float64(m, k, n, activation, torch.float32)
+
+
+def test_input_gradient_is_skipped_when_not_needed() -> None:
+    x, w, b, dy = inputs(16, 75, 32, torch.float32)
+    w.requires_grad_()
+    linear_act(x, w, b, "relu").backward(dy[:, :32])
+    assert w.grad is not None and x.grad is None
+
+
+def test_bad_arguments_are_named() -> None:
+    x, w, b, _ = inputs(4, 8, 6, torch.float32)
+    with pytest.raises(ValueError, match="activation 'gelu'"):
+        linear_act(x, w, b, "gelu")
+    with pytest.raises(ValueError, match=r"shapes x \(4, 8\), w \(6, 7\)"):
+        linear_act(x, w[:, :7], b, "relu")
+
+
+def test_launch_table_keeps_tiles_legal() -> None:
+    for rows, cols, red in [(64, 10, 512), (16384, 2048, 2048), (512, 512, 75), (1, 1, 1)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            cfg = launch_config(rows, cols, red, dtype)
+            assert min(cfg.block_r, cfg.block_c, cfg.block_red) >= 16
+
+
+def test_mlp_impls_share_the_math() -> None:
+    torch.manual_seed(3)
+    reference = MLP(75, 64, 2, 10, "silu").to(DEVICE)
+    fused = MLP(75, 64, 2, 10, "silu", impl="triton").to(DEVICE)
+    fused.load_state_dict(reference.state_dict())
+    x = torch.randn(33, 75, device=DEVICE)
+    torch.set_float32_matmul_precision("highest")
+    assert torch.allclose(reference(x), fused(x), atol=1e-5)
+
+
+# ------------------------------------------------------------------------ GPU only
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("activation", ["relu", "silu", "tanh"])
+def test_bf16_and_tf32_tolerances(activation) -> None:
+    check_against_float64(512, 512, 512, activation, torch.bfloat16)
+    torch.set_float32_matmul_precision("high")
+    try:
+        check_against_float64(512, 512, 512, activation, torch.float32, floor=2e-3)
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+@gpu
+@needs_gpu
+def test_opcheck() -> None:
+    x, w, b, _ = inputs(64, 75, 128, torch.float32)
+    for t in (x, w, b):
+        t.requires_grad_()
+    torch.library.opcheck(torch.ops.loadbench.linear_act_fwd.default, (x, w, b, ACTIVATIONS["silu"]))
+
+
+@gpu
+@needs_gpu
+def test_torch_compile_matches_eager() -> None:
+    model = MLP(75, 256, 3, 10, "leaky_relu", impl="triton").cuda()
+    x = torch.randn(512, 75, device="cuda")
+    compiled = torch.compile(model)
+    assert torch.allclose(compiled(x), model(x), atol=1e-4)
+
+
+@gpu
+@needs_gpu
+def test_cuda_graph_capture_and_replay() -> None:
+    model = MLP(75, 256, 3, 10, "silu", impl="triton").cuda()
+    static_x = torch.randn(256, 75, device="cuda")
+    model(static_x).sum().backward()  # compile and warm up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    static_x.copy_(torch.randn(256, 75, device="cuda"))
+    graph.replay()
+    assert torch.allclose(static_y, model(static_x), atol=1e-5)
