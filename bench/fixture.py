@@ -64,12 +64,17 @@ class LoadBench:
         monitor = LoadMonitor(options.device, options.monitor_period, probe=session.probe)
         trainers: list[Trainer] = []
         progress = self._progress(case, config, monitor)
+        self.allocated_before = 0
 
         def setup() -> tuple[tuple[Trainer], dict[str, Any]]:
+            if trainers:  # free the previous round's model, optimizer and graphs
+                trainers[-1].release()
             gc.collect()
             if options.device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(options.device)
+                # What other live objects (the dataset) hold is not this case's.
+                self.allocated_before = torch.cuda.memory_allocated(options.device)
             trainers.append(Trainer(config, data))
             return (trainers[-1],), {}
 
@@ -87,6 +92,7 @@ class LoadBench:
             )
         result = trainers[-1].result()
         record = self._record(case, config, result, trainers, monitor)
+        trainers[-1].release()
         self.benchmark.extra_info.update(record)
         self._judge(case, record)
         return result
@@ -157,7 +163,10 @@ class LoadBench:
             "weighted_f1": result.weighted_f1,
             "final_loss": result.final_loss,
             "confusion": result.confusion,
-            "vram_peak_mib": torch.cuda.max_memory_allocated(options.device) / 2**20 if cuda else None,
+            # The case's own allocator peak: what it allocated above what was live before it.
+            "vram_peak_mib": (torch.cuda.max_memory_allocated(options.device) - self.allocated_before) / 2**20
+            if cuda
+            else None,
             "vram_reserved_peak_mib": torch.cuda.max_memory_reserved(options.device) / 2**20 if cuda else None,
             "rss_peak_mib": rss["max"] if rss else None,
             "energy_j": load["energy_j"],

@@ -73,12 +73,20 @@ def make_optimizer(
     accepts = inspect.signature(cls.__init__).parameters
     extra = {"capturable": True} if capturable and "capturable" in accepts else {}
     suffix = "+capturable" if extra or (capturable and name == "sgd") else ""
-    if "fused" in accepts:
-        try:
-            return cls(params, **settings, fused=True, **extra), "fused" + suffix
-        except (RuntimeError, TypeError, ValueError):
-            pass  # no fused kernel for this optimizer on this device
+    if "fused" in accepts and _fused_works(cls, settings, params[0].device):
+        return cls(params, **settings, fused=True, **extra), "fused" + suffix
     return cls(params, **settings, foreach=True, **extra), "foreach" + suffix
+
+
+def _fused_works(cls: type[torch.optim.Optimizer], settings: dict[str, float], device: torch.device) -> bool:
+    """Whether a fused step runs here: some optimizers check their device only at the first step."""
+    probe = torch.zeros(1, device=device, requires_grad=True)
+    probe.grad = torch.zeros_like(probe)
+    try:
+        cls([probe], **settings, fused=True).step()
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -224,6 +232,12 @@ class Trainer:
             predictions = torch.cat([self.model(x).argmax(1) for x in self.data.x_test.split(batch)])
         self.model.train()
         return classification_report(self.data.y_test, predictions, self.data.n_classes)
+
+    def release(self) -> None:
+        """Drop the model, optimizer state and graphs so the next run starts from free memory."""
+        self._epoch = self._fast_epoch
+        self.optimizer.state.clear()
+        self.model = self.model.to("meta")
 
     def result(self) -> TrainResult:
         metrics = self.evaluate()
