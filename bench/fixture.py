@@ -48,7 +48,7 @@ class LoadBench:
     def config_for(self, case: Case, **overrides: object) -> TrainConfig:
         o = self.session.options
         base = TrainConfig(epochs=o.epochs, impl=o.impl, precision=o.precision, loop=o.loop)
-        return base.replace(**case.changes, **overrides)
+        return base.replace(**{**case.changes, **overrides})  # explicit overrides win
 
     def run(self, case: Case, **overrides: object) -> TrainResult:
         """Train `case` (with `overrides` of its TrainConfig), measure, record and judge it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import os
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,13 @@ class LoadBenchSession:
             "mlp_loadbench": _version("mlp-loadbench"),
             "settings": self.settings(),
         }
+
+    def pytest_benchmark_update_commit_info(self, config: pytest.Config, commit_info: dict[str, Any]) -> None:
+        """CI checkouts without history (or copies without .git) still name their commit."""
+        sha = os.environ.get("GITHUB_SHA")
+        if sha and commit_info.get("id") in (None, "", "unknown"):
+            commit_info["id"] = sha
+            commit_info.pop("error", None)
 
     def pytest_benchmark_compare_machine_info(
         self, config: pytest.Config, benchmarksession: Any, machine_info: dict[str, Any], compared_benchmark: Any

@@ -20,11 +20,11 @@ def _num(value: float | None, fmt: str = ".1f") -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
-def row(entry: dict[str, Any]) -> list[str]:
-    record = entry["record"]
+def study_row(label: str, record: dict[str, Any]) -> list[str]:
+    """The study's columns for one case record (as stored in extra_info)."""
     norm = record["load"]["normalized"]
-    cells = [
-        str(entry["case"].value),
+    return [
+        label,
         _num(record["train_seconds"], ".2f"),
         _num(record["accuracy"], ".3f"),
         _num(record["macro_f1"], ".3f"),
@@ -35,6 +35,10 @@ def row(entry: dict[str, Any]) -> list[str]:
         _num(record["rss_peak_mib"], ".0f"),
         _num(record["energy_j"], ".0f"),
     ]
+
+
+def row(entry: dict[str, Any]) -> list[str]:
+    cells = study_row(str(entry["case"].value), entry["record"])
     if entry["deltas"] is not None:
         d = entry["deltas"]
         cells.append(" ".join(

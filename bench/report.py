@@ -1,0 +1,240 @@
+"""The report: the study's tables and figures, history across commits, the Pareto view.
+
+    python -m bench.report                       # every run in .benchmarks
+    python -m bench.report --storage DIR --out reports/
+    python -m bench.report run1.json run2.json   # given run files
+
+Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
+line per value, smoothed), ``pareto.png``, ``history.html`` (self-contained: images
+embedded) and ``summary.md`` (fit for a CI job summary). The tables, figures and
+Pareto view describe the newest run; the history covers every run read. Every file
+is written to a temporary name and renamed, so a report is never half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from bench.budgets import Budgets
+from bench.cases import TITLES
+from bench.options import DEFAULT_BUDGETS
+from bench.runs import Run
+from bench.runs import find_run_files
+from bench.runs import load_runs
+from bench.series import read_series
+from bench.summary import COLUMNS
+from bench.summary import study_row
+
+HISTORY_METRICS = {  # extra_info key: (title, +1 if higher is better, budget key for the allowed change)
+    "median_epoch_s": ("median epoch time (s)", -1, "time_slower_pct"),
+    "accuracy": ("test accuracy", 1, "accuracy_drop_max"),
+    "macro_f1": ("macro-F1", 1, "macro_f1_drop_max"),
+    "vram_peak_mib": ("allocator peak (MiB)", -1, "memory_growth_pct"),
+    "energy_per_epoch_j": ("energy per epoch (J)", -1, "energy_growth_pct"),
+}
+
+
+class ReportError(Exception):
+    """Nothing to report; the message says why."""
+
+
+def write_atomic(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are for reading
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def png(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def by_experiment(run: Run) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for bench in run.cases():
+        groups.setdefault(bench["extra_info"]["experiment"], []).append(bench)
+    return groups
+
+
+def tables_markdown(run: Run) -> str:
+    lines = [f"# mlp-loadbench: {run.gpu}, {run.label}", ""]
+    settings = ", ".join(f"{k} {v}" for k, v in run.settings.items())
+    lines += [f"Settings: {settings}", ""]
+    for experiment, benches in by_experiment(run).items():
+        rows = [study_row(str(b["extra_info"]["case"]).split("-", 1)[1], b["extra_info"]) for b in benches]
+        lines += [f"## {TITLES.get(experiment, experiment)}", ""]
+        lines += [tabulate(rows, headers=[TITLES.get(experiment, experiment), *COLUMNS], tablefmt="github",
+                           disable_numparse=True), ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def resolve_series(path: str, roots: Sequence[Path]) -> Path | None:
+    """The series file where the run wrote it, or under a root it was copied to."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    for root in roots:
+        for guess in (root / candidate.parent.name / candidate.name, root / candidate.name):
+            if guess.is_file():
+                return guess
+    return None
+
+
+def experiment_figures(run: Run, window: int, roots: Sequence[Path], warnings: list[str]) -> dict[str, bytes]:
+    from bench.figures import resource_figure
+
+    out = {}
+    for experiment, benches in by_experiment(run).items():
+        series = {}
+        for bench in benches:
+            info = bench["extra_info"]
+            found = resolve_series(info.get("series_path", ""), roots)
+            if found is None:
+                warnings.append(f"no series for {info['case']}: {info.get('series_path')} not found")
+                continue
+            series[info["case"]] = read_series(found)
+        if series:
+            out[experiment] = png(resource_figure(TITLES.get(experiment, experiment), series, window))
+    return out
+
+
+def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, list]], dict[str, dict[str, list[int]]]]:
+    """Per metric: case -> values across runs, and case -> indices of runs that regressed."""
+    lines: dict[str, dict[str, list]] = {m: {} for m in HISTORY_METRICS}
+    flagged: dict[str, dict[str, list[int]]] = {m: {} for m in HISTORY_METRICS}
+    cases = sorted({b["extra_info"]["case"]: b["extra_info"]["experiment"] for r in runs for b in r.cases()}.items())
+    for case, experiment in cases:
+        for metric, (_, direction, key) in HISTORY_METRICS.items():
+            values = []
+            for run in runs:
+                info = next((b["extra_info"] for b in run.cases() if b["extra_info"]["case"] == case), {})
+                values.append(info.get(metric))
+            lines[metric][case] = values
+            limit = getattr(budgets.resolve(runs[-1].settings.get("profile", "quick"), experiment, case), key)
+            bad = []
+            for i in range(1, len(values)):
+                now, then = values[i], values[i - 1]
+                if limit is None or now is None or then is None or not then:
+                    continue
+                worse = (then - now) * direction if direction > 0 else now / then - 1
+                allowed = limit if direction > 0 else limit / 100
+                if worse > allowed:
+                    bad.append(i)
+            if bad:
+                flagged[metric][case] = bad
+    return lines, flagged
+
+
+def summary_markdown(runs: list[Run], flagged: dict[str, dict[str, list[int]]], warnings: list[str]) -> str:
+    latest = runs[-1]
+    lines = [f"## mlp-loadbench: {latest.gpu}, {latest.label}", ""]
+    rows = []
+    for bench in latest.cases():
+        info = bench["extra_info"]
+        marks = [m for m in HISTORY_METRICS if len(runs) - 1 in flagged[m].get(info["case"], [])]
+        rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}", f"{info['macro_f1']:.3f}",
+                     "REGRESSED: " + ", ".join(marks) if marks else "ok"])  # fmt: skip
+    lines += [tabulate(rows, headers=["case", "s/epoch", "accuracy", "macro-F1", "vs previous run"], tablefmt="github",
+                       disable_numparse=True)]  # fmt: skip
+    lines += ["", f"{len(runs)} run(s) in the history."]
+    lines += [f"- warning: {w}" for w in warnings]
+    return "\n".join(lines) + "\n"
+
+
+def history_html(runs: list[Run], lines: dict, flagged: dict, extra_images: dict[str, bytes], summary: str) -> str:
+    from bench.figures import history_figure
+
+    labels = [r.label for r in runs]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>mlp-loadbench history</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}img{max-width:100%}"
+        "pre{background:#f4f4f4;padding:8px;overflow:auto}</style></head><body>",
+        f"<h1>mlp-loadbench history: {html.escape(runs[-1].gpu)}</h1>",
+        f"<pre>{html.escape(summary)}</pre>",
+    ]
+    for metric, (title, direction, _) in HISTORY_METRICS.items():
+        if not any(v is not None for values in lines[metric].values() for v in values):
+            continue
+        image = png(history_figure(f"{title} ({'higher' if direction > 0 else 'lower'} is better)", labels,
+                                   lines[metric], flagged[metric]))  # fmt: skip
+        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{metric}' src='data:image/png;base64,{base64.b64encode(image).decode()}'>")
+    for name, image in extra_images.items():
+        parts.append(f"<h2>{html.escape(name)}</h2><img alt='{name}' src='data:image/png;base64,{base64.b64encode(image).decode()}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: Sequence[Path] = (),
+                 budgets_path: Path = DEFAULT_BUDGETS) -> tuple[list[Path], list[str]]:  # fmt: skip
+    runs, warnings = load_runs(paths)
+    runs = [r for r in runs if r.cases()] or runs
+    if not runs or not runs[-1].cases():
+        where = ", ".join(str(p) for p in paths[:3]) or "the storage"
+        raise ReportError(f"no mlp-loadbench runs with training cases in {where}; run `pytest bench/ --benchmark-autosave` first")
+    budgets = Budgets.load(budgets_path)
+    latest = runs[-1]
+    roots = [*series_roots, latest.path.parent, latest.path.parent.parent]
+    written = [write_atomic(out / "tables.md", tables_markdown(latest))]
+    figures = experiment_figures(latest, window, roots, warnings)
+    for experiment, image in figures.items():
+        written.append(write_atomic(out / f"{experiment}.png", image))
+    from bench.figures import pareto_figure
+
+    pareto = png(pareto_figure([b["extra_info"] for b in latest.cases()]))
+    written.append(write_atomic(out / "pareto.png", pareto))
+    lines, flagged = regressions(runs, budgets)
+    summary = summary_markdown(runs, flagged, warnings)
+    written.append(write_atomic(out / "summary.md", summary))
+    written.append(write_atomic(out / "history.html", history_html(runs, lines, flagged, {"Pareto view": pareto}, summary)))
+    return written, warnings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="run files (default: every run in --storage)")
+    parser.add_argument("--storage", type=Path, default=Path(".benchmarks"), help="pytest-benchmark storage. Default: .benchmarks")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="output folder. Default: reports")
+    parser.add_argument("--window", type=int, default=50, choices=(50, 100), help="moving-average window. Default: 50")
+    parser.add_argument("--series-root", type=Path, action="append", default=[], help="where series files were copied")
+    parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, help="budgets that define a regression")
+    args = parser.parse_args(argv)
+    paths = list(args.runs) or find_run_files(args.storage)
+    try:
+        written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets)
+    except ReportError as exc:
+        print(f"mlp-loadbench report: {exc}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print((args.out / "tables.md").read_text())
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Saved runs for the report: find pytest-benchmark run files and read the ones we can.
+
+A missing, corrupt or foreign file is skipped with a warning that names it; the
+caller decides what an empty result means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.compare import BaselineError
+from bench.compare import gpu_name
+from bench.compare import read_run
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    datetime: str
+    commit: str  # short id, or "unknown"
+    gpu: str
+    settings: dict[str, Any]
+    benchmarks: list[dict[str, Any]]
+
+    @property
+    def label(self) -> str:
+        return f"{self.commit} {self.datetime[:16].replace('T', ' ')}"
+
+    def cases(self) -> list[dict[str, Any]]:
+        """Benchmarks that are training cases (they carry a case id and metrics)."""
+        return [b for b in self.benchmarks if "case" in b.get("extra_info", {}) and "accuracy" in b["extra_info"]]
+
+
+def find_run_files(storage: Path) -> list[Path]:
+    """pytest-benchmark's layout: STORAGE/<machine id>/NNNN_*.json."""
+    return sorted(storage.glob("*/*.json")) + sorted(storage.glob("*.json"))
+
+
+def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
+    runs, warnings = [], []
+    for path in paths:
+        if not path.is_file():
+            warnings.append(f"skipped {path}: no such file")
+            continue
+        try:
+            data = read_run(path)
+        except BaselineError as exc:
+            warnings.append(f"skipped {path}: {str(exc).split(': ', 1)[-1]}")
+            continue
+        commit = str(data.get("commit_info", {}).get("id") or "unknown")
+        runs.append(
+            Run(
+                path=path,
+                datetime=str(data.get("datetime", "")),
+                commit=commit[:8],
+                gpu=gpu_name(data["machine_info"]),
+                settings=data["machine_info"]["loadbench"].get("settings", {}),
+                benchmarks=data["benchmarks"],
+            )
+        )
+    runs.sort(key=lambda run: run.datetime)
+    return runs, warnings
