@@ -47,6 +47,17 @@ def parse_period(value: str) -> float:
     return seconds
 
 
+def parse_shard(value: str) -> tuple[int, int]:
+    """'i/n' (1-based): this process runs the i-th of n deterministic shards."""
+    try:
+        index, count = (int(part) for part in value.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a shard: use i/n, e.g. 1/4") from None
+    if not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(f"{value!r}: the shard index must be between 1 and {max(count, 1)}")
+    return index, count
+
+
 def parse_positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
@@ -73,7 +84,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--series-dir", default=None, metavar="DIR",
                     help="where per-case sample series go. Default: series/ inside the benchmark storage")
     group.addoption("--epochs", type=parse_positive_int, default=None, metavar="N",
-                    help="override the profile's epochs")  # fmt: skip
+                    help="override the profile's epochs")
+    group.addoption("--shard", type=parse_shard, default=None, metavar="I/N",
+                    help="run the I-th of N deterministic shards of the collected cases (1-based)")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class LoadBenchSession:
         self.baselines: list[Baseline] = []
         self.baseline_messages: list[str] = []
         self.records: list[dict[str, Any]] = []  # one per case run, for the summary
+        self.shared: dict[str, Any] = {}  # measurements later cases of the session compare with
         self._datasets: dict[tuple[str, float, str], Dataset] = {}
         self.started = datetime.datetime.now(datetime.timezone.utc)
 
@@ -81,6 +82,7 @@ class LoadBenchSession:
             "impl": o.impl,
             "precision": o.precision,
             "monitor_period_s": o.monitor_period,
+            "shard": "/".join(map(str, self.config.getoption("shard"))) if self.config.getoption("shard") else None,
         }
 
     def dataset(self) -> Dataset:
@@ -182,6 +184,19 @@ class LoadBenchSession:
                 read_run(Path(file))
             except BaselineError as exc:
                 raise pytest.UsageError(str(exc)) from None
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """--shard i/n: keep every n-th item of the sorted node ids, starting at the i-th."""
+        shard = config.getoption("shard")
+        if shard is None:
+            return
+        index, count = shard
+        order = sorted(range(len(items)), key=lambda k: items[k].nodeid)
+        keep = {k for rank, k in enumerate(order) if rank % count == index - 1}
+        deselected = [item for k, item in enumerate(items) if k not in keep]
+        items[:] = [item for k, item in enumerate(items) if k in keep]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from bench.summary import render_summary

@@ -1,0 +1,83 @@
+"""Merge the run files of a sharded sweep into one run.
+
+    python -m bench.merge merged.json shard-1.json shard-2.json ...
+
+The shards must come from the same commit, GPU model and settings (shard aside)
+and must not repeat a case; the merged file is an ordinary pytest-benchmark run that
+`--benchmark-compare`, `pytest-benchmark compare` and the report read like any other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.compare import RECORD_KEY
+from bench.compare import BaselineError
+from bench.compare import gpu_name
+from bench.compare import read_run
+
+
+class MergeError(ValueError):
+    """Shards that cannot be one run; the message names the file and the difference."""
+
+
+def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
+    if not paths:
+        raise MergeError("no shard files given")
+    runs = []
+    for path in paths:
+        try:
+            runs.append((path, read_run(path)))
+        except BaselineError as exc:
+            raise MergeError(str(exc).replace("baseline ", "shard ", 1)) from None
+    first_path, first = runs[0]
+    merged = json.loads(json.dumps(first))
+    merged["benchmarks"] = []
+    seen: dict[str, Path] = {}
+
+    def settings(run: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in run["machine_info"][RECORD_KEY].get("settings", {}).items() if k != "shard"}
+
+    for path, run in runs:
+        for what, ours, theirs in (
+            ("GPU", gpu_name(first["machine_info"]), gpu_name(run["machine_info"])),
+            ("commit", first.get("commit_info", {}).get("id"), run.get("commit_info", {}).get("id")),
+            ("settings", settings(first), settings(run)),
+        ):
+            if ours != theirs:
+                raise MergeError(f"{path}: {what} {theirs!r} differs from {first_path}'s {ours!r}")
+        for bench in run["benchmarks"]:
+            if bench["fullname"] in seen:
+                raise MergeError(f"{path}: {bench['fullname']} is also in {seen[bench['fullname']]}")
+            seen[bench["fullname"]] = path
+            merged["benchmarks"].append(bench)
+    merged["datetime"] = max(run.get("datetime", "") for _, run in runs)
+    merged["machine_info"][RECORD_KEY]["settings"]["shard"] = f"merged from {len(runs)}"
+    merged["benchmarks"].sort(key=lambda b: b["fullname"])
+    return merged
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.merge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("shards", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        merged = merge_runs(args.shards)
+    except MergeError as exc:
+        print(f"mlp-loadbench merge: {exc}", file=sys.stderr)
+        return 2
+    from bench.report import write_atomic
+
+    write_atomic(args.out, json.dumps(merged, indent=2))
+    print(f"merged {len(args.shards)} shards, {len(merged['benchmarks'])} benchmarks -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Data-parallel training cases: throughput, weak and strong scaling, all-reduce share.
+
+Each case launches torchrun with `world` ranks (NCCL, one GPU each; gloo on a CPU).
+Strong scaling keeps the global batch at 512; weak scaling keeps 512 per rank. The
+efficiency of a world size is measured against world size 1 of the same kind in the
+same session; the monitor watches every local GPU that takes part.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.loadstats import summarize
+from bench.sampler import LoadMonitor
+from model.config import TrainConfig
+from model.distributed import launch
+
+CUDA = torch.cuda.is_available()
+WORLDS = [w for w in (1, 2, 4, 8) if w <= torch.cuda.device_count()] if CUDA else [1, 2]
+WIDTHS = [512, 2048] if CUDA else [512]
+BATCH = 512
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"units-{w}")
+@pytest.mark.parametrize("scaling", ["strong", "weak"])
+@pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"world-{w}")
+def test_data_parallel(benchmark, request, tmp_path: Path, world: int, scaling: str, width: int) -> None:
+    session = request.config.pluginmanager.get_plugin("loadbench")
+    options = session.options
+    epochs = options.epochs if CUDA else min(options.epochs, 3)
+    config = TrainConfig(width=width, epochs=epochs, batch_size=BATCH * (world if scaling == "weak" else 1),
+                         precision=options.precision, loop="fast")  # fmt: skip
+    scale = options.profile.scale if options.dataset == "synthetic" else 1.0
+    monitors = [LoadMonitor(torch.device(f"cuda:{i}") if CUDA else torch.device("cpu"), options.monitor_period)
+                for i in range(world if CUDA else 1)]  # fmt: skip
+    result: dict = {}
+
+    def run() -> None:
+        for m in monitors:
+            m.start()
+        try:
+            result.update(launch(config, world, source=options.dataset, scale=scale,
+                                 backend="nccl" if CUDA else "gloo", timeout_s=900 if CUDA else 300, workdir=tmp_path))  # fmt: skip
+        finally:
+            for m in monitors:
+                m.stop()
+
+    benchmark.group = f"ddp-{scaling}-units-{width}"
+    benchmark.pedantic(run, rounds=1)
+    steady = result["epoch_seconds"][1:] or result["epoch_seconds"]
+    median = statistics.median(steady)
+    throughput = result["train_frames"] / median
+    key = (scaling, width)
+    base = session.shared.setdefault("ddp_world1", {})
+    if world == 1:
+        base[key] = median
+    efficiency = None
+    if key in base:
+        efficiency = base[key] / median / world if scaling == "strong" else base[key] / median
+    benchmark.extra_info.update(
+        world_size=world, scaling=scaling, width=width, global_batch=config.batch_size,
+        backend=result["backend"], median_epoch_s=median, samples_per_s=throughput,
+        scaling_efficiency=efficiency, allreduce_share=result["allreduce_share"],
+        epoch_seconds=result["epoch_seconds"], accuracy=result["accuracy"], macro_f1=result["macro_f1"],
+        load_per_gpu=[summarize(list(m.samples), gpu=m.gpu.info if m.gpu else None, energy_j=m.energy_j,
+                                epochs=epochs + 2, elapsed=m.elapsed, busy_seconds=m.busy_seconds,
+                                period=m.period, unavailable=m.unavailable) for m in monitors],
+    )  # fmt: skip
+    assert result["accuracy"] > 0.1 and all(s > 0 for s in result["epoch_seconds"])

@@ -1,0 +1,193 @@
+"""Data-parallel training through DistributedDataParallel, launched with torchrun.
+
+Same math as single-process training at the same global batch: every rank draws the
+same permutation (same seed), takes its contiguous share of each global batch, and
+scales its summed loss by world / global batch, so DDP's gradient average is exactly
+the mean over the global batch, the last partial batch included. NCCL on GPUs, gloo
+on CPUs. Batches come from device-resident data as in the fast loop (eager: DDP's
+bucketed all-reduce overlaps the backward pass).
+
+The all-reduce share of step time is measured after training, on one extra epoch run
+under ``no_sync()`` (no communication): share = 1 - t(no_sync) / t(synced).
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m model.distributed \\
+        --config '{"width": 512}' --out result.json
+
+`launch` runs that command with a timeout and stops every rank if one fails or hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from model.config import TrainConfig
+from model.data import load_dataset
+from model.metrics import classification_report
+from model.mlp import MLP
+from model.train import autocast
+from model.train import make_optimizer
+from model.train import precision_mode
+from model.train import seed_everything
+
+
+class DistributedError(RuntimeError):
+    """A data-parallel run that failed or timed out; every rank has been stopped."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str | None = None) -> dict[str, Any]:
+    """The body of one rank; returns rank 0's record (other ranks return {})."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = dist.get_backend() == "nccl"
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    data = load_dataset(source, scale=scale, device=device, seed=config.seed)
+    seed_everything(config.seed)
+    model = MLP(data.n_features, config.width, config.depth, data.n_classes, config.activation, config.impl).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    optimizer, how = make_optimizer(config.optimizer, list(ddp.parameters()), fast=True)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    x_all, y_all, n = data.x_train, data.y_train, len(data.y_train)
+
+    def epoch() -> float:
+        order = torch.randperm(n, device=device, generator=generator)
+        total = torch.zeros((), device=device)
+        for start in range(0, n, config.batch_size):
+            batch = order[start : start + config.batch_size]
+            local = batch.tensor_split(world)[rank]
+            optimizer.zero_grad(set_to_none=True)
+            with autocast(config.precision, device):
+                loss = F.cross_entropy(ddp(x_all[local]), y_all[local], reduction="sum")
+            (loss * world / len(batch)).backward()  # DDP averages over ranks: the global-batch mean
+            optimizer.step()
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        return float(total) / n
+
+    def timed(fn: Any) -> tuple[float, float]:
+        _sync(device)
+        dist.barrier()
+        begin = time.perf_counter()
+        loss = fn()
+        _sync(device)
+        return time.perf_counter() - begin, loss
+
+    seconds, losses = [], []
+    with precision_mode(config.precision):
+        for _ in range(config.epochs):
+            s, loss = timed(epoch)
+            seconds.append(s)
+            losses.append(loss)
+        if weights_out and rank == 0:
+            torch.save({k: v.cpu() for k, v in model.state_dict().items()}, weights_out)
+        model.eval()
+        with torch.no_grad(), autocast(config.precision, device):
+            predictions = torch.cat([model(x).argmax(1) for x in data.x_test.split(16384)])
+        metrics = classification_report(data.y_test, predictions, data.n_classes)
+        model.train()
+        synced, _ = timed(epoch)
+        with ddp.no_sync():
+            local_only, _ = timed(epoch)
+    if rank != 0:
+        return {}
+    return {
+        "world_size": world,
+        "backend": dist.get_backend(),
+        "optimizer_impl": how,
+        "epoch_seconds": seconds,
+        "losses": losses,
+        "allreduce_share": max(0.0, 1 - local_only / synced),
+        "train_frames": n,
+        **{k: metrics[k] for k in ("accuracy", "macro_f1", "weighted_f1", "confusion")},
+    }
+
+
+def launch(
+    config: TrainConfig,
+    world_size: int,
+    *,
+    source: str = "synthetic",
+    scale: float = 1.0,
+    backend: str = "nccl",
+    timeout_s: float = 600,
+    weights_out: str | None = None,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
+    """Run `config` on `world_size` ranks through torchrun; rank 0's record."""
+    workdir = workdir or Path.cwd()
+    out = workdir / f"ddp-{os.getpid()}-{time.monotonic_ns()}.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+        "-m", "model.distributed", "--config", json.dumps(config.as_dict()), "--source", source,
+        "--scale", str(scale), "--backend", backend, "--out", str(out), "--timeout", str(timeout_s),
+    ] + (["--weights", weights_out] if weights_out else [])  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env=env)  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun and every rank it started
+        process.communicate()
+        raise DistributedError(f"data-parallel run on {world_size} ranks timed out after {timeout_s:g} s; all ranks stopped") from None
+    errors = sorted(workdir.glob(f"{out.name}.rank*.err"))
+    try:
+        if process.returncode != 0 or not out.is_file():
+            reasons = [f"{e.suffixes[-2][1:]}: {e.read_text().strip()}" for e in errors]
+            detail = "\n".join(reasons) or "\n".join(output.strip().splitlines()[-15:])
+            raise DistributedError(f"data-parallel run on {world_size} ranks failed (exit {process.returncode}):\n{detail}")
+        return json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+        for error in errors:
+            error.unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="one rank of a data-parallel run (start it with torchrun)")
+    parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
+    parser.add_argument("--source", default="synthetic")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--weights", default=None)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    config = TrainConfig(**json.loads(args.config))
+    rank = os.environ.get("RANK", "0")
+    try:
+        dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))
+        try:
+            record = train_rank(config, args.source, args.scale, args.weights)
+            if dist.get_rank() == 0:
+                Path(args.out).write_text(json.dumps(record))
+        finally:
+            dist.destroy_process_group()
+    except Exception as exc:
+        # The launcher reads this to say which rank failed and why; torchrun's own
+        # summary keeps only exit codes.
+        Path(f"{args.out}.rank{rank}.err").write_text(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Data parallelism on gloo with 2 processes, shard selection and merging, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.merge import MergeError
+from bench.merge import merge_runs
+from bench.report import build_report
+from model.config import TrainConfig
+from model.data import load_dataset
+from model.distributed import DistributedError
+from model.distributed import launch
+from model.train import Trainer
+
+pytestmark = pytest.mark.distributed
+SCALE = 0.02
+
+
+def single_process_weights(config: TrainConfig) -> dict[str, torch.Tensor]:
+    trainer = Trainer(config, load_dataset("synthetic", scale=SCALE))
+    trainer.fit()
+    return trainer.model.state_dict()
+
+
+def ddp_weights(config: TrainConfig, tmp_path: Path) -> dict[str, torch.Tensor]:
+    path = tmp_path / "weights.pt"
+    launch(config, 2, scale=SCALE, backend="gloo", timeout_s=180, weights_out=str(path), workdir=tmp_path)
+    return torch.load(path)
+
+
+def test_one_global_step_has_the_single_process_gradient(tmp_path) -> None:
+    # One SGD step over the whole training set: w1 = w0 - lr * grad, so equal weights mean equal gradients.
+    n = len(load_dataset("synthetic", scale=SCALE).y_train)
+    config = TrainConfig(width=32, depth=2, epochs=1, batch_size=n, optimizer="sgd")
+    ours, theirs = ddp_weights(config, tmp_path), single_process_weights(config)
+    for name in theirs:
+        assert torch.allclose(ours[name], theirs[name], atol=1e-6), name
+
+
+def test_final_weights_match_single_process_training(tmp_path) -> None:
+    config = TrainConfig(width=32, depth=2, epochs=2, batch_size=100)  # uneven last batch included
+    ours, theirs = ddp_weights(config, tmp_path), single_process_weights(config)
+    for name in theirs:
+        assert torch.allclose(ours[name], theirs[name], atol=1e-5), name
+
+
+def test_a_failing_rank_ends_the_run_with_its_error(tmp_path) -> None:
+    with pytest.raises(DistributedError, match=r"failed \(exit 1\)[\s\S]*missing.csv: no such file"):
+        launch(TrainConfig(epochs=1), 2, source=str(tmp_path / "missing.csv"), backend="gloo", timeout_s=120, workdir=tmp_path)
+
+
+def test_a_hanging_run_times_out_and_leaves_nothing_running(tmp_path) -> None:
+    with pytest.raises(DistributedError, match="timed out after 2 s; all ranks stopped"):
+        launch(TrainConfig(epochs=1000, width=64), 2, scale=SCALE, backend="gloo", timeout_s=2, workdir=tmp_path)
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", f"model.distributed.*{tmp_path.name}"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+# --------------------------------------------------------------------- shards
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "bench" / "test_experiments.py"
+
+
+def collected(pytester: pytest.Pytester, *args: str) -> list[str]:
+    pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
+    (pytester.path / "test_experiments.py").write_text(EXPERIMENTS.read_text())
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "--device=cpu", *args)
+    return [line for line in result.outlines if "::" in line]
+
+
+def test_shards_cover_every_case_exactly_once(pytester) -> None:
+    everything = collected(pytester)
+    assert len(everything) == 22
+    for n in (2, 3, 5):
+        shards = [collected(pytester, f"--shard={i}/{n}") for i in range(1, n + 1)]
+        assert sorted(sum(shards, [])) == sorted(everything)
+        assert all(abs(len(s) - len(everything) / n) < 1 for s in shards)
+
+
+@pytest.mark.parametrize(("value", "message"), [("3/2", "between 1 and 2"), ("x", "use i/n")])
+def test_bad_shard_is_a_usage_error(pytester, value, message) -> None:
+    pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
+    result = pytester.runpytest_subprocess(f"--shard={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+CASES = """
+from bench.cases import Case
+import pytest
+
+@pytest.mark.parametrize("case", [Case("units", 128), Case("units", 256), Case("opt", "sgd")], ids=lambda c: c.id)
+def test_case(loadbench, case):
+    loadbench.run(case, width=16)
+"""
+
+
+def test_merged_shards_read_like_one_run(pytester, tmp_path) -> None:
+    pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
+    pytester.makepyfile(test_cases=CASES)
+    (pytester.path / "budgets.toml").write_text("")
+    shards = []
+    for i in (1, 2):
+        out = tmp_path / f"shard-{i}.json"
+        pytester.runpytest_subprocess("--device=cpu", "--profile=smoke", "--epochs=2", f"--shard={i}/2",
+                                      f"--budgets={pytester.path / 'budgets.toml'}", f"--benchmark-json={out}",
+                                      f"--series-dir={tmp_path / 'series'}").assert_outcomes(passed=2 if i == 1 else 1)  # fmt: skip
+        shards.append(out)
+    merged = tmp_path / "merged.json"
+    subprocess.run([sys.executable, "-m", "bench.merge", str(merged), *map(str, shards)], check=True)
+    run = json.loads(merged.read_text())
+    assert sorted(b["extra_info"]["case"] for b in run["benchmarks"]) == ["opt-sgd", "units-128", "units-256"]
+    compare = subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", str(merged)],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    assert "units-256" in compare.stdout
+    written, warnings = build_report([merged], tmp_path / "report")
+    assert "units-128" in (tmp_path / "report" / "tables.md").read_text() or "128" in (tmp_path / "report" / "tables.md").read_text()
+    with pytest.raises(MergeError, match="is also in"):
+        merge_runs([shards[0], shards[0]])
