@@ -12,8 +12,9 @@ sigmoid) or the saved pre-activation (silu):
 
 fp32 inputs follow torch's float32 matmul precision ('highest' is IEEE fp32, 'high'
 TF32), so 'fp32' means the same thing in both implementations; bf16 and fp16 use fp32
-accumulation. Launch configurations come from `launch_config`, a fixed table by shape
-class: nothing is autotuned on the hot path. The ops are declared with
+accumulation. Launch configurations come from `launch_config`: a table per GPU model
+and shape class measured offline by kernels/tune.py and checked in, with a heuristic
+for shapes it does not cover; nothing is autotuned on the hot path. The ops are declared with
 `torch.library.triton_op`, so they run eagerly, under torch.compile, inside CUDA-graph
 capture and, with TRITON_INTERPRET=1, on CPU tensors.
 
@@ -24,7 +25,9 @@ ours.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -213,14 +216,42 @@ def _pow2_at_least(n: int, low: int, high: int) -> int:
     return max(low, min(high, triton.next_power_of_2(n)))
 
 
-def launch_config(rows: int, cols: int, reduction: int, dtype: torch.dtype) -> LaunchConfig:
-    """The tile for an output of `rows` x `cols` reducing over `reduction`.
+# Tuned configurations: kernels/launch_table.json, written by `python -m kernels.tune`
+# on each GPU model, keyed by GPU name, then "kernel:dtype:rows:cols" with rows and
+# cols rounded up to powers of two (the shape class). Shapes without an entry use
+# `heuristic_config`.
+TABLE_PATH = Path(__file__).with_name("launch_table.json")
+KERNELS = ("fwd", "dw", "dx")
 
-    Shape classes: a tile no larger than the output (the head has 10 columns, the
-    first layer reduces over 75), and small outputs (batch <= 512 at width <= 512)
-    split into 64 x 32 tiles so there are enough programs for the SMs; tl.dot needs
-    every tile side >= 16. A 16-bit dtype moves twice the reduction per stage.
-    """
+
+def _load_table() -> dict[str, LaunchConfig]:
+    if not torch.cuda.is_available() or not TABLE_PATH.is_file():
+        return {}
+    table = json.loads(TABLE_PATH.read_text()).get(torch.cuda.get_device_name(), {})
+    return {key: LaunchConfig(**cfg) for key, cfg in table.get("configs", {}).items()}
+
+
+_TABLE = _load_table()
+_FORCED: dict[str, LaunchConfig] = {}  # set only by kernels/tune.py while it measures
+
+
+def shape_key(kernel: str, rows: int, cols: int, dtype: torch.dtype) -> str:
+    bucket = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+    return f"{kernel}:{str(dtype).removeprefix('torch.')}:{bucket(rows)}:{bucket(cols)}"
+
+
+def launch_config(kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype) -> LaunchConfig:
+    """The tile for `kernel` writing a `rows` x `cols` output, reducing over `reduction`."""
+    if kernel in _FORCED:
+        return _FORCED[kernel]
+    return _TABLE.get(shape_key(kernel, rows, cols, dtype)) or heuristic_config(rows, cols, reduction, dtype)
+
+
+def heuristic_config(rows: int, cols: int, reduction: int, dtype: torch.dtype) -> LaunchConfig:
+    """A tile no larger than the output (the head has 10 columns, the first layer
+    reduces over 75); small outputs (batch <= 512 at width <= 512) split into 64 x 32
+    tiles so there are enough programs for the SMs; tl.dot needs every side >= 16. A
+    16-bit dtype moves twice the reduction per stage."""
     red_max = 64 if dtype.itemsize == 2 else 32
     block_c = _pow2_at_least(cols, 16, 128)
     block_r = _pow2_at_least(rows, 16, 128)
@@ -251,7 +282,7 @@ def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation
     N = w.shape[0]
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     z = torch.empty((M, N) if activation == SILU else (0, N), device=x.device, dtype=x.dtype)
-    cfg = launch_config(M, N, K, x.dtype)
+    cfg = launch_config("fwd", M, N, K, x.dtype)
     wrap_triton(_forward_kernel)[_grid(M, N, cfg)](
         x, w, b, y, z if activation == SILU else y, M, N, K,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1), LEAKY_SLOPE,
@@ -273,7 +304,7 @@ def linear_act_bwd(
     precision = _precision(x.dtype)
     dw = torch.empty_like(w)
     db = torch.empty((N,), device=w.device, dtype=w.dtype)
-    cfg = launch_config(N, K, M, x.dtype)
+    cfg = launch_config("dw", N, K, M, x.dtype)
     wrap_triton(_weight_grad_kernel)[_grid(N, K, cfg)](
         dy, saved, x, dw, db, M, N, K,
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0), dw.stride(1), LEAKY_SLOPE,
@@ -284,7 +315,7 @@ def linear_act_bwd(
     if not input_grad:
         return torch.empty((0, K), device=x.device, dtype=x.dtype), dw, db
     dx = torch.empty_like(x)
-    cfg = launch_config(M, K, N, x.dtype)
+    cfg = launch_config("dx", M, K, N, x.dtype)
     wrap_triton(_input_grad_kernel)[_grid(M, K, cfg)](
         dy, saved, w, dx, M, N, K,
         dy.stride(0), dy.stride(1), w.stride(0), w.stride(1), dx.stride(0), dx.stride(1), LEAKY_SLOPE,

@@ -103,7 +103,7 @@ def test_bad_arguments_are_named() -> None:
 def test_launch_table_keeps_tiles_legal() -> None:
     for rows, cols, red in [(64, 10, 512), (16384, 2048, 2048), (512, 512, 75), (1, 1, 1)]:
         for dtype in (torch.float32, torch.bfloat16):
-            cfg = launch_config(rows, cols, red, dtype)
+            cfg = launch_config("fwd", rows, cols, red, dtype)
             assert min(cfg.block_r, cfg.block_c, cfg.block_red) >= 16
 
 
@@ -162,3 +162,37 @@ def test_cuda_graph_capture_and_replay() -> None:
     static_x.copy_(torch.randn(256, 75, device="cuda"))
     graph.replay()
     assert torch.allclose(static_y, model(static_x), atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dw", "dx"])
+def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
+    from kernels import linear_act as op
+    from kernels.tune import candidates
+
+    torch.set_float32_matmul_precision("highest")
+    x, w, b, dy = inputs(40, 75, 24, torch.float32)
+    expected = run(lambda x, w, b: linear_act(x, w, b, "silu"), x, w, b, dy)
+    for cfg in candidates(torch.float32)[::3]:  # a spread of tiles; the interpreter is slow
+        op._FORCED[kernel] = cfg
+        try:
+            got = run(lambda x, w, b: linear_act(x, w, b, "silu"), x, w, b, dy)
+        finally:
+            op._FORCED.clear()
+        for name, g, e in zip(("y", "dx", "dw", "db"), got, expected):
+            assert torch.allclose(g, e, atol=1e-5), (kernel, cfg, name)
+
+
+def test_shape_classes_round_up_to_powers_of_two() -> None:
+    from kernels.linear_act import shape_key
+
+    assert shape_key("fwd", 512, 10, torch.float32) == "fwd:float32:512:16"
+    assert shape_key("dw", 2048, 75, torch.bfloat16) == "dw:bfloat16:2048:128"
+
+
+def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
+    if CUDA:
+        pytest.skip("checks the no-GPU message")
+    from kernels.tune import main
+
+    assert main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -1,0 +1,126 @@
+"""Measure launch configurations for the fused kernels on this GPU and write the table.
+
+    python -m kernels.tune                      # updates kernels/launch_table.json
+    python -m kernels.tune --out table.json --batches 64 512 --widths 512
+
+For every shape the MLP trains with (batch x width, the first layer's K = 75 and the
+head's N = 10), every kernel (forward, weight gradient, input gradient) and dtype
+(fp32 IEEE, bf16), each candidate tile is timed with triton.testing.do_bench and the
+fastest is kept for the shape class. The table is keyed by the GPU's name, so tables
+of several GPU models live side by side. Run it offline, once per GPU model; the
+kernels only read the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import torch
+
+from kernels import linear_act as op
+from kernels.linear_act import LaunchConfig
+from kernels.linear_act import shape_key
+
+CANDIDATES = [  # (block_r, block_c, warps, stages); the reduction step is per dtype
+    (16, 64, 4, 3), (32, 32, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3),
+    (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3),
+]  # fmt: skip
+REDUCTION = {torch.float32: (16, 32), torch.bfloat16: (32, 64)}
+
+
+def candidates(dtype: torch.dtype) -> list[LaunchConfig]:
+    return [LaunchConfig(r, c, red, w, s) for r, c, w, s in CANDIDATES for red in REDUCTION[dtype]]
+
+
+def layer_shapes(batches: Sequence[int], widths: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(M, N, K) of every Linear in the MLP at these batch sizes and widths."""
+    shapes = set()
+    for m in batches:
+        for w in widths:
+            shapes |= {(m, w, 75), (m, w, w), (m, 10, w)}
+    return sorted(shapes)
+
+
+def time_kernel(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> float:
+    from triton.testing import do_bench
+
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    y, _ = op.linear_act_fwd(x, w, b, op.ACTIVATIONS["leaky_relu"])
+    dy = torch.randn_like(y)
+    op._FORCED.clear()
+    op._FORCED[kernel] = cfg
+    try:
+        if kernel == "fwd":
+            fn = lambda: op.linear_act_fwd(x, w, b, op.ACTIVATIONS["leaky_relu"])  # noqa: E731
+        else:
+            # dw alone, or dw and dx together (dw then runs its own best-known tile)
+            fn = lambda: op.linear_act_bwd(dy, y, x, w, op.ACTIVATIONS["leaky_relu"], kernel == "dx")  # noqa: E731
+        return float(do_bench(fn, warmup=3, rep=10))
+    finally:
+        op._FORCED.clear()
+
+
+def tune(batches: Sequence[int], widths: Sequence[int], dtypes: Sequence[torch.dtype], log: bool = True) -> dict[str, dict]:
+    torch.set_float32_matmul_precision("highest")
+    table: dict[str, dict] = {}
+    for dtype in dtypes:
+        for m, n, k in layer_shapes(batches, widths):
+            for kernel, rows, cols in (("fwd", m, n), ("dw", n, k), ("dx", m, k)):
+                if kernel == "dx" and k == 75:
+                    continue  # the first layer needs no input gradient
+                key = shape_key(kernel, rows, cols, dtype)
+                best = None
+                for cfg in candidates(dtype):
+                    try:
+                        ms = time_kernel(kernel, m, n, k, dtype, cfg)
+                    except Exception:  # a tile too large for shared memory on this GPU
+                        continue
+                    if best is None or ms < best[0]:
+                        best = (ms, cfg)
+                heuristic = time_kernel(kernel, m, n, k, dtype, op.heuristic_config(rows, cols, m if kernel == "dw" else n if kernel == "dx" else k, dtype))
+                if best is not None and (key not in table or best[0] < table[key]["ms"]):
+                    table[key] = {"ms": best[0], "heuristic_ms": heuristic, "config": asdict(best[1]), "shape": [m, n, k]}
+                if log and best is not None:
+                    print(f"{key:28s} M={m:5d} N={n:5d} K={k:5d}  best {best[0] * 1000:8.1f} us  heuristic {heuristic * 1000:8.1f} us  {best[1]}", flush=True)
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(op.TABLE_PATH))
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 128, 256, 512, 4096])
+    parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.tune: needs a CUDA GPU (the table holds timings of the GPU it ran on)", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    measured = tune(args.batches, args.widths, [getattr(torch, d) for d in args.dtypes])
+    try:
+        with open(args.out) as handle:
+            tables = json.load(handle)
+    except (OSError, json.JSONDecodeError):
+        tables = {}
+    name = torch.cuda.get_device_name()
+    tables[name] = {
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
+        "evidence": {key: {k: v for k, v in entry.items() if k != "config"} for key, entry in sorted(measured.items())},
+    }
+    with open(args.out, "w") as handle:
+        json.dump(tables, handle, indent=1, sort_keys=True)
+    print(f"{len(measured)} shape classes for {name} in {time.perf_counter() - start:.0f} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
