@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 import torch
 
@@ -47,7 +49,9 @@ def layer_shapes(batches: Sequence[int], widths: Sequence[int]) -> list[tuple[in
 
 
 def time_kernel(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> float:
-    from triton.testing import do_bench
+    """Milliseconds per call replayed from a CUDA graph: GPU time, not Python launch cost,
+    which eager timing of these microsecond kernels would measure instead."""
+    from triton.testing import do_bench_cudagraph
 
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     w = torch.randn(n, k, device="cuda", dtype=dtype)
@@ -62,12 +66,18 @@ def time_kernel(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: La
         else:
             # dw alone, or dw and dx together (dw then runs its own best-known tile)
             fn = lambda: op.linear_act_bwd(dy, y, x, w, op.ACTIVATIONS["leaky_relu"], kernel == "dx")  # noqa: E731
-        return float(do_bench(fn, warmup=3, rep=10))
+        fn()  # compile outside the capture
+        return float(do_bench_cudagraph(fn, rep=10))
     finally:
         op._FORCED.clear()
 
 
-def tune(batches: Sequence[int], widths: Sequence[int], dtypes: Sequence[torch.dtype], log: bool = True) -> dict[str, dict]:
+def tune(
+    batches: Sequence[int], widths: Sequence[int], dtypes: Sequence[torch.dtype], save: Any = None, log: bool = True
+) -> dict[str, dict]:
+    """Best tile per shape class; where several shapes share a class, the costliest
+    shape's choice stands. `save(table)` is called after every shape, so a run stopped
+    by a time limit keeps what it measured."""
     torch.set_float32_matmul_precision("highest")
     table: dict[str, dict] = {}
     for dtype in dtypes:
@@ -85,11 +95,33 @@ def tune(batches: Sequence[int], widths: Sequence[int], dtypes: Sequence[torch.d
                     if best is None or ms < best[0]:
                         best = (ms, cfg)
                 heuristic = time_kernel(kernel, m, n, k, dtype, op.heuristic_config(rows, cols, m if kernel == "dw" else n if kernel == "dx" else k, dtype))
-                if best is not None and (key not in table or best[0] < table[key]["ms"]):
+                if best is not None and (key not in table or best[0] > table[key]["ms"]):
                     table[key] = {"ms": best[0], "heuristic_ms": heuristic, "config": asdict(best[1]), "shape": [m, n, k]}
+                    if save is not None:
+                        save(table)
                 if log and best is not None:
                     print(f"{key:28s} M={m:5d} N={n:5d} K={k:5d}  best {best[0] * 1000:8.1f} us  heuristic {heuristic * 1000:8.1f} us  {best[1]}", flush=True)
     return table
+
+
+def write_table(path: str, gpu: str, measured: dict[str, dict]) -> None:
+    """Merge this GPU's entries into the table file (other GPUs' entries stay)."""
+    try:
+        with open(path) as handle:
+            tables = json.load(handle)
+    except (OSError, json.JSONDecodeError):
+        tables = {}
+    tables[gpu] = {
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "timing": "triton.testing.do_bench_cudagraph, ms per call",
+        "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
+        "evidence": {key: {k: v for k, v in entry.items() if k != "config"} for key, entry in sorted(measured.items())},
+    }
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as handle:
+        json.dump(tables, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,21 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("kernels.tune: needs a CUDA GPU (the table holds timings of the GPU it ran on)", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    measured = tune(args.batches, args.widths, [getattr(torch, d) for d in args.dtypes])
-    try:
-        with open(args.out) as handle:
-            tables = json.load(handle)
-    except (OSError, json.JSONDecodeError):
-        tables = {}
     name = torch.cuda.get_device_name()
-    tables[name] = {
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
-        "evidence": {key: {k: v for k, v in entry.items() if k != "config"} for key, entry in sorted(measured.items())},
-    }
-    with open(args.out, "w") as handle:
-        json.dump(tables, handle, indent=1, sort_keys=True)
+
+    def save(measured: dict[str, dict]) -> None:
+        write_table(args.out, name, measured)
+
+    measured = tune(args.batches, args.widths, [getattr(torch, d) for d in args.dtypes], save)
+    save(measured)
     print(f"{len(measured)} shape classes for {name} in {time.perf_counter() - start:.0f} s -> {args.out}")
     return 0
 
