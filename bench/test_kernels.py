@@ -21,10 +21,16 @@ from model.train import precision_mode
 
 GPU_GRID = [(b, w) for b in (64, 128, 256, 512) for w in (128, 256, 512, 1024, 2048)]
 CPU_GRID = [(64, 32)]  # Triton's interpreter: the code path, not the speed
+ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 
 
-def _grid() -> list[tuple[int, int]]:
-    return GPU_GRID if torch.cuda.is_available() else CPU_GRID
+def _grid() -> list[tuple[int, int, str]]:
+    """The batch x width grid with leaky_relu (the study's optimum), and every
+    activation at batch 512 x width 512."""
+    grid = GPU_GRID if torch.cuda.is_available() else CPU_GRID
+    cells = [(b, w, "leaky_relu") for b, w in grid]
+    b, w = grid[-1] if not torch.cuda.is_available() else (512, 512)
+    return cells + [(b, w, a) for a in ACTIVATIONS if a != "leaky_relu"]
 
 
 def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str):
@@ -51,19 +57,19 @@ def _time_ms(fn, device: torch.device, graph: bool) -> float:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize(("batch", "width"), _grid(), ids=lambda v: str(v))
-def test_mlp_step(benchmark, request, precision: str, batch: int, width: int) -> None:
+@pytest.mark.parametrize(("batch", "width", "activation"), _grid(), ids=lambda v: str(v))
+def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, activation: str) -> None:
     session = request.config.pluginmanager.get_plugin("loadbench")
     device = session.options.device
     cuda = device.type == "cuda"
     torch.manual_seed(0)
     x = torch.randn(batch, 75, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
-    base = MLP(75, width, 3, 10, "leaky_relu").to(device)
-    models = {"torch": base, "triton": MLP(75, width, 3, 10, "leaky_relu", impl="triton").to(device)}
+    base = MLP(75, width, 3, 10, activation).to(device)
+    models = {"torch": base, "triton": MLP(75, width, 3, 10, activation, impl="triton").to(device)}
     models["triton"].load_state_dict(base.state_dict())
     if cuda:
-        models["compile"] = torch.compile(MLP(75, width, 3, 10, "leaky_relu").to(device))
+        models["compile"] = torch.compile(MLP(75, width, 3, 10, activation).to(device))
     flops = 6 * batch * sum(i * o for i, o in layer_shapes(TrainConfig(width=width, depth=3)))
     times: dict[str, float | None] = {}
     with precision_mode(precision):
@@ -89,7 +95,7 @@ def test_mlp_step(benchmark, request, precision: str, batch: int, width: int) ->
         return times[a] / times[b] if times.get(a) and times.get(b) else None
 
     benchmark.extra_info.update(
-        batch=batch, width=width, precision=precision, times_ms=times,
+        batch=batch, width=width, activation=activation, precision=precision, times_ms=times,
         tflops={k: flops / (v / 1000) / 1e12 for k, v in times.items() if v},
         speedup_graph_vs_torch=ratio("torch_graph_ms", "triton_graph_ms"),
         speedup_graph_vs_compile=ratio("compile_graph_ms", "triton_graph_ms"),
