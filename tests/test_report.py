@@ -147,7 +147,8 @@ def test_bisect_finds_the_planted_slow_commit(tmp_path) -> None:
     (repo / "perf" / "test_case.py").write_text(
         "from bench.cases import Case\n\ndef test_units(loadbench):\n    loadbench.run(Case('units', 128), width=16)\n"
     )
-    (repo / "budgets.toml").write_text("[defaults]\ntime_slower_pct = 20\ntime_alpha = 0.01\n")
+    # The planted delay makes epochs ~10x slower; a 2x limit keeps CPU timing noise out.
+    (repo / "budgets.toml").write_text("[defaults]\ntime_slower_pct = 100\ntime_alpha = 0.01\n")
     git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout  # noqa: E731
     git("init", "-q")
     git("config", "user.email", "t@example.com")
