@@ -129,11 +129,17 @@ class Options:
 
     def header(self) -> str:
         default = " (default for this machine)" if self.profile_was_default else ""
-        return (
+        line = (
             f"mlp-loadbench: profile {self.profile.name}{default}: {self.profile.about}; "
             f"epochs {self.epochs}, device {self.device}, loop {self.loop}, impl {self.impl}, "
             f"precision {self.precision}, dataset {self.dataset}"
         )
+        if self.impl == "triton" and self.device.type == "cpu":
+            line += (
+                "\nmlp-loadbench: --impl triton on a CPU runs Triton's interpreter, about 20 s per "
+                "step at width 512: select a few cases with -k and few --epochs"
+            )
+        return line
 
 
 def resolve_device(value: str) -> torch.device:
