@@ -115,7 +115,8 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         "optimizer_impl": how,
         "epoch_seconds": seconds,
         "losses": losses,
-        "allreduce_share": max(0.0, 1 - local_only / synced),
+        # With one rank nothing is communicated: no share to report.
+        "allreduce_share": max(0.0, 1 - local_only / synced) if world > 1 else None,
         "train_frames": n,
         **{k: metrics[k] for k in ("accuracy", "macro_f1", "weighted_f1", "confusion")},
     }
