@@ -51,6 +51,7 @@ def row(entry: dict[str, Any]) -> list[str]:
 
 
 def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -> list[str]:
+    entries = list(entries)
     lines = [f"baseline: {m}" for m in messages]
     by_experiment: dict[str, list[dict[str, Any]]] = {}
     for entry in entries:
@@ -62,8 +63,7 @@ def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -
             rows = [r[:-2] + r[-1:] for r in rows]
             headers.remove("vs baseline")
         lines += ["", tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
-    if any(e["record"]["load"]["unavailable"] for e in by_experiment.get(next(iter(by_experiment), ""), [])):
-        first = next(iter(by_experiment.values()))[0]["record"]["load"]["unavailable"]
-        lines.append("")
-        lines += [f"n/a: {what}: {why}" for what, why in first.items()]
+    reasons = {what: why for e in entries for what, why in e["record"]["load"]["unavailable"].items()}
+    if reasons:
+        lines += [""] + [f"n/a: {what}: {why}" for what, why in reasons.items()]
     return lines
