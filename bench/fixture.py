@@ -44,6 +44,7 @@ class LoadBench:
         self.session = session
         self.request = request
         self.used = False
+        self.allocated_before = 0  # device memory live before the case's setup (the dataset)
 
     def config_for(self, case: Case, **overrides: object) -> TrainConfig:
         o = self.session.options
@@ -64,7 +65,6 @@ class LoadBench:
         monitor = LoadMonitor(options.device, options.monitor_period, probe=session.probe)
         trainers: list[Trainer] = []
         progress = self._progress(case, config, monitor)
-        self.allocated_before = 0
 
         def setup() -> tuple[tuple[Trainer], dict[str, Any]]:
             if trainers:  # free the previous round's model, optimizer and graphs
