@@ -41,16 +41,13 @@ from model.mlp import MLP
 from model.train import autocast
 from model.train import make_optimizer
 from model.train import precision_mode
+from model.train import predict
 from model.train import seed_everything
+from model.train import synchronize
 
 
 class DistributedError(RuntimeError):
     """A data-parallel run that failed or timed out; every rank has been stopped."""
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str | None = None) -> dict[str, Any]:
@@ -84,11 +81,11 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         return float(total) / n
 
     def timed(fn: Any) -> tuple[float, float]:
-        _sync(device)
+        synchronize(device)
         dist.barrier()
         begin = time.perf_counter()
         loss = fn()
-        _sync(device)
+        synchronize(device)
         return time.perf_counter() - begin, loss
 
     seconds, losses = [], []
@@ -99,11 +96,7 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
             losses.append(loss)
         if weights_out and rank == 0:
             torch.save({k: v.cpu() for k, v in model.state_dict().items()}, weights_out)
-        model.eval()
-        with torch.no_grad(), autocast(config.precision, device):
-            predictions = torch.cat([model(x).argmax(1) for x in data.x_test.split(16384)])
-        metrics = classification_report(data.y_test, predictions, data.n_classes)
-        model.train()
+        metrics = classification_report(data.y_test, predict(model, data.x_test, config.precision), data.n_classes)
         synced, _ = timed(epoch)
         with ddp.no_sync():
             local_only, _ = timed(epoch)

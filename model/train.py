@@ -117,6 +117,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@torch.no_grad()
+def predict(model: torch.nn.Module, x: torch.Tensor, precision: str, batch: int = 16384) -> torch.Tensor:
+    """Class predictions for `x`, in chunks, in the training precision, in eval mode."""
+    model.eval()
+    with precision_mode(precision), autocast(precision, x.device):
+        predictions = torch.cat([model(chunk).argmax(1) for chunk in x.split(batch)])
+    model.train()
+    return predictions
+
+
 @dataclass
 class TrainResult:
     config: TrainConfig
@@ -225,12 +235,8 @@ class Trainer:
         self.optimizer.step()
         return loss.detach().float()
 
-    @torch.no_grad()
-    def evaluate(self, batch: int = 16384) -> dict[str, object]:
-        self.model.eval()
-        with precision_mode(self.config.precision), autocast(self.config.precision, self.device):
-            predictions = torch.cat([self.model(x).argmax(1) for x in self.data.x_test.split(batch)])
-        self.model.train()
+    def evaluate(self) -> dict[str, object]:
+        predictions = predict(self.model, self.data.x_test, self.config.precision)
         return classification_report(self.data.y_test, predictions, self.data.n_classes)
 
     def release(self) -> None:
