@@ -25,7 +25,7 @@ from bench.cases import Case
 from bench.compare import check_against
 from bench.compare import deltas
 from bench.compare import time_samples
-from bench.loadstats import summarize
+from bench.loadstats import summarize_monitor
 from bench.sampler import LoadMonitor
 from bench.series import safe_name
 from bench.series import write_series
@@ -129,16 +129,7 @@ class LoadBench:
         median_epoch = statistics.median(steady)
         cost = training_cost(config, len(data.y_train), data.n_features, data.n_classes)
         epochs = sum(len(r) for r in rounds)
-        load = summarize(
-            list(monitor.samples),
-            gpu=monitor.gpu.info if monitor.gpu else None,
-            energy_j=monitor.energy_j,
-            epochs=epochs,
-            elapsed=monitor.elapsed,
-            busy_seconds=monitor.busy_seconds,
-            period=monitor.period,
-            unavailable=monitor.unavailable,
-        )
+        load = summarize_monitor(monitor, epochs)
         cuda = options.device.type == "cuda"
         rss = load["fields"]["rss_mib"]  # type: ignore[index]
         series = write_series(

@@ -11,6 +11,7 @@ import psutil
 
 from bench.sampler import THROTTLE_BITS
 from bench.sampler import GpuInfo
+from bench.sampler import LoadMonitor
 
 SUMMARY_FIELDS = {  # field: unit
     "gpu_util": "%",
@@ -107,3 +108,17 @@ def summarize(
         "monitor_busy_fraction": busy_seconds / elapsed if elapsed > 0 else None,
         "unavailable": dict(unavailable),
     }
+
+
+def summarize_monitor(monitor: LoadMonitor, epochs: int) -> dict[str, object]:
+    """`summarize` of everything a stopped monitor saw."""
+    return summarize(
+        list(monitor.samples),
+        gpu=monitor.gpu.info if monitor.gpu else None,
+        energy_j=monitor.energy_j,
+        epochs=epochs,
+        elapsed=monitor.elapsed,
+        busy_seconds=monitor.busy_seconds,
+        period=monitor.period,
+        unavailable=monitor.unavailable,
+    )

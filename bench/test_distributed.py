@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.loadstats import summarize
+from bench.loadstats import summarize_monitor
 from bench.sampler import LoadMonitor
 from model.config import TrainConfig
 from model.distributed import launch
@@ -69,8 +69,6 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, scaling: 
         backend=result["backend"], median_epoch_s=median, samples_per_s=throughput,
         scaling_efficiency=efficiency, allreduce_share=result["allreduce_share"],
         epoch_seconds=result["epoch_seconds"], accuracy=result["accuracy"], macro_f1=result["macro_f1"],
-        load_per_gpu=[summarize(list(m.samples), gpu=m.gpu.info if m.gpu else None, energy_j=m.energy_j,
-                                epochs=epochs + 2, elapsed=m.elapsed, busy_seconds=m.busy_seconds,
-                                period=m.period, unavailable=m.unavailable) for m in monitors],
+        load_per_gpu=[summarize_monitor(m, epochs + 2) for m in monitors],  # + the two share-measuring epochs
     )  # fmt: skip
     assert result["accuracy"] > 0.1 and all(s > 0 for s in result["epoch_seconds"])
