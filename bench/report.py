@@ -28,6 +28,7 @@ from tabulate import tabulate
 
 from bench.budgets import Budgets
 from bench.cases import TITLES
+from bench.compare import DIRECTIONS
 from bench.options import DEFAULT_BUDGETS
 from bench.runs import Run
 from bench.runs import find_run_files
@@ -36,12 +37,12 @@ from bench.series import read_series
 from bench.summary import COLUMNS
 from bench.summary import study_row
 
-HISTORY_METRICS = {  # extra_info key: (title, +1 if higher is better, budget key for the allowed change)
-    "median_epoch_s": ("median epoch time (s)", -1, "time_slower_pct"),
-    "accuracy": ("test accuracy", 1, "accuracy_drop_max"),
-    "macro_f1": ("macro-F1", 1, "macro_f1_drop_max"),
-    "vram_peak_mib": ("allocator peak (MiB)", -1, "memory_growth_pct"),
-    "energy_per_epoch_j": ("energy per epoch (J)", -1, "energy_growth_pct"),
+HISTORY_METRICS = {  # extra_info key: (title, budget key for the allowed change); direction from DIRECTIONS
+    "median_epoch_s": ("median epoch time (s)", "time_slower_pct"),
+    "accuracy": ("test accuracy", "accuracy_drop_max"),
+    "macro_f1": ("macro-F1", "macro_f1_drop_max"),
+    "vram_peak_mib": ("allocator peak (MiB)", "memory_growth_pct"),
+    "energy_per_epoch_j": ("energy per epoch (J)", "energy_growth_pct"),
 }
 
 
@@ -128,7 +129,8 @@ def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, 
     flagged: dict[str, dict[str, list[int]]] = {m: {} for m in HISTORY_METRICS}
     cases = sorted({b["extra_info"]["case"]: b["extra_info"]["experiment"] for r in runs for b in r.cases()}.items())
     for case, experiment in cases:
-        for metric, (_, direction, key) in HISTORY_METRICS.items():
+        for metric, (_, key) in HISTORY_METRICS.items():
+            direction = DIRECTIONS[metric]
             values = []
             for run in runs:
                 info = next((b["extra_info"] for b in run.cases() if b["extra_info"]["case"] == case), {})
@@ -176,7 +178,8 @@ def history_html(runs: list[Run], lines: dict, flagged: dict, extra_images: dict
         f"<h1>mlp-loadbench history: {html.escape(runs[-1].gpu)}</h1>",
         f"<pre>{html.escape(summary)}</pre>",
     ]
-    for metric, (title, direction, _) in HISTORY_METRICS.items():
+    for metric, (title, _) in HISTORY_METRICS.items():
+        direction = DIRECTIONS[metric]
         if not any(v is not None for values in lines[metric].values() for v in values):
             continue
         image = png(history_figure(f"{title} ({'higher' if direction > 0 else 'lower'} is better)", labels,
