@@ -73,6 +73,7 @@ class LoadBenchSession:
 
     def settings(self) -> dict[str, Any]:
         o = self.options
+        shard = self.config.getoption("shard")
         return {
             "profile": o.profile.name,
             "epochs": o.epochs,
@@ -82,7 +83,7 @@ class LoadBenchSession:
             "impl": o.impl,
             "precision": o.precision,
             "monitor_period_s": o.monitor_period,
-            "shard": "/".join(map(str, self.config.getoption("shard"))) if self.config.getoption("shard") else None,
+            "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         }
 
     def dataset(self) -> Dataset:
