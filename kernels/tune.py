@@ -2,6 +2,7 @@
 
     python -m kernels.tune                      # updates kernels/launch_table.json
     python -m kernels.tune --out table.json --batches 64 512 --widths 512
+    python -m kernels.tune --merge a.json b.json    # one table from runs split over GPUs
 
 For every shape the MLP trains with (batch x width, the first layer's K = 75 and the
 head's N = 10), every kernel (forward, weight gradient, input gradient) and dtype
@@ -124,13 +125,48 @@ def write_table(path: str, gpu: str, measured: dict[str, dict]) -> None:
     os.replace(tmp, path)
 
 
+def read_measured(path: str) -> dict[str, dict[str, dict]]:
+    """The measured entries of a table file, per GPU, in the form `tune` returns."""
+    try:
+        with open(path) as handle:
+            tables = json.load(handle)
+        return {
+            gpu: {key: {**table["evidence"][key], "config": config} for key, config in table["configs"].items()}
+            for gpu, table in tables.items()
+        }
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a launch table written by kernels.tune ({type(exc).__name__}: {exc})") from None
+
+
+def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
+    """Several runs' entries for one GPU as one: where two runs measured the same shape
+    class, the costlier shape's choice stands, as within one run."""
+    merged: dict[str, dict] = {}
+    for measured in parts:
+        for key, entry in measured.items():
+            if key not in merged or entry["ms"] > merged[key]["ms"]:
+                merged[key] = entry
+    return merged
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(op.TABLE_PATH))
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 128, 256, 512, 4096])
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--merge", nargs="+", metavar="TABLE", help="merge these table files into --out; measures nothing")
     args = parser.parse_args(argv)
+    if args.merge:
+        try:
+            runs = [read_measured(path) for path in args.merge]
+        except ValueError as exc:
+            print(f"kernels.tune: {exc}", file=sys.stderr)
+            return 2
+        for gpu in sorted({gpu for run in runs for gpu in run}):
+            write_table(args.out, gpu, merge_measured([run[gpu] for run in runs if gpu in run]))
+        print(f"merged {len(args.merge)} tables -> {args.out}")
+        return 0
     if not torch.cuda.is_available():
         print("kernels.tune: needs a CUDA GPU (the table holds timings of the GPU it ran on)", file=sys.stderr)
         return 2
