@@ -102,6 +102,7 @@ class Options:
     monitor_period: float
     series_dir: Path | None
     epochs: int
+    strict_fp32: str  # how impl=triton runs fp32 at 'highest': 'ieee' or 'tf32x3'
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
@@ -113,6 +114,10 @@ class Options:
         if dataset != "synthetic" and not Path(dataset).is_file():
             raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
         series = config.getoption("series_dir")
+        try:
+            from kernels.linear_act import STRICT_FP32
+        except ValueError as exc:  # a bad LOADBENCH_STRICT_FP32
+            raise pytest.UsageError(str(exc)) from None
         return cls(
             profile=profile,
             profile_was_default=name is None,
@@ -125,6 +130,7 @@ class Options:
             monitor_period=config.getoption("monitor_period"),
             series_dir=Path(series) if series else None,
             epochs=config.getoption("epochs") or profile.epochs,
+            strict_fp32=STRICT_FP32,
         )
 
     def header(self) -> str:
@@ -134,6 +140,8 @@ class Options:
             f"epochs {self.epochs}, device {self.device}, loop {self.loop}, impl {self.impl}, "
             f"precision {self.precision}, dataset {self.dataset}"
         )
+        if self.impl == "triton" and self.precision == "fp32":
+            line += f", strict fp32 kernel {self.strict_fp32}"
         if self.impl == "triton" and self.device.type == "cpu":
             line += (
                 "\nmlp-loadbench: --impl triton on a CPU runs Triton's interpreter, about 20 s per "

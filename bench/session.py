@@ -82,6 +82,7 @@ class LoadBenchSession:
             "loop": o.loop,
             "impl": o.impl,
             "precision": o.precision,
+            "strict_fp32_kernel": o.strict_fp32,
             "monitor_period_s": o.monitor_period,
             "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         }

@@ -172,6 +172,14 @@ def test_bad_options_give_usage_errors(pytester, args, message) -> None:
     result.stderr.fnmatch_lines([message])
 
 
+def test_bad_strict_fp32_choice_is_a_usage_error(pytester, monkeypatch) -> None:
+    pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
+    monkeypatch.setenv("LOADBENCH_STRICT_FP32", "fp64")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*LOADBENCH_STRICT_FP32='fp64': use one of ieee, tf32x3*"])
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU error")
 def test_asking_for_a_missing_gpu_is_a_usage_error(pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')

@@ -134,6 +134,33 @@ def test_bf16_and_tf32_tolerances(activation) -> None:
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("mode", [
+    pytest.param("ieee", marks=pytest.mark.xfail(reason="measured on an H100: Triton's IEEE fp32 dot has about 2x "
+                                                  "cuBLAS SGEMM's RMS error in dX (5x in dW at batch 4096); "
+                                                  "hence 3xTF32 is the default strict-fp32 mode")),
+    "tf32x3",
+])  # fmt: skip
+@pytest.mark.parametrize("shape", [(512, 512, 512), (512, 2048, 2048), (4096, 75, 512)], ids=["hidden", "wide", "first-layer"])
+def test_strict_fp32_modes_against_float64(monkeypatch, mode, shape) -> None:
+    """Both strict-fp32 paths, no absolute floor: the 1.5x bound against cuBLAS's IEEE
+    error alone decides whether a mode may stand for 'fp32'."""
+    from kernels import linear_act as op
+
+    monkeypatch.setattr(op, "STRICT_FP32", mode)
+    torch.set_float32_matmul_precision("highest")
+    check_against_float64(*shape, "leaky_relu", torch.float32, floor=0.0)
+
+
+def test_strict_fp32_choice_is_checked() -> None:
+    from kernels.linear_act import strict_fp32_from_env
+
+    assert strict_fp32_from_env(None) == "tf32x3" and strict_fp32_from_env("ieee") == "ieee"
+    with pytest.raises(ValueError, match="LOADBENCH_STRICT_FP32='tf32x2': use one of ieee, tf32x3"):
+        strict_fp32_from_env("tf32x2")
+
+
+@gpu
+@needs_gpu
 def test_opcheck() -> None:
     x, w, b, _ = inputs(64, 75, 128, torch.float32)
     for t in (x, w, b):
@@ -196,3 +223,45 @@ def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
 
     assert main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_tuning_runs_split_over_gpus_merge_into_one_table(tmp_path) -> None:
+    from kernels.tune import main
+    from kernels.tune import read_measured
+    from kernels.tune import write_table
+
+    def entry(ms: float, block: int) -> dict:
+        config = {"block_r": block, "block_c": 64, "block_red": 16, "num_warps": 4, "num_stages": 3, "group": 8}
+        return {"ms": ms, "heuristic_ms": 2 * ms, "config": config, "shape": [512, 512, 512]}
+
+    write_table(str(tmp_path / "a.json"), "GPU X", {"fwd:float32:512:512": entry(0.02, 32), "dw:float32:512:512": entry(0.01, 64)})
+    write_table(str(tmp_path / "b.json"), "GPU X", {"dw:float32:512:512": entry(0.03, 128)})
+    out = tmp_path / "table.json"
+    assert main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)]) == 0
+    merged = read_measured(str(out))["GPU X"]
+    assert merged["fwd:float32:512:512"]["config"]["block_r"] == 32
+    assert merged["dw:float32:512:512"]["config"]["block_r"] == 128  # the costlier shape's tile
+
+
+def test_merging_a_file_that_is_not_a_launch_table_names_it(tmp_path, capsys) -> None:
+    from kernels.tune import main
+
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"GPU X": {"configs": {"fwd:float32:16:16": {}}}}')
+    assert main(["--merge", str(bad), "--out", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert "notes.json" in err and "not a launch table" in err
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_bias_gradient_over_a_long_batch_is_as_accurate_as_torch() -> None:
+    """db is one sequential sum over the batch per program; the kernel compensates it
+    (Kahan), so a long batch loses no more than torch's tree reduction does."""
+    torch.set_float32_matmul_precision("highest")
+    x, w, b, dy = inputs(8192, 16, 16, torch.float32, seed=1)
+    dy = dy * 100 + 1  # same-signed, large terms: the case where a plain running sum drifts
+    ours = run(lambda x, w, b: linear_act(x, w, b, "leaky_relu"), x, w, b, dy)[3]
+    eager = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x, w, b, dy)[3]
+    exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(), dy.double())[3]
+    ours_err, torch_err = ((g.double() - exact).pow(2).mean().sqrt().item() for g in (ours, eager))
+    assert ours_err <= torch_err, (ours_err, torch_err)
