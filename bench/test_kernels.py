@@ -69,6 +69,9 @@ def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, ac
     models = {"torch": base, "triton": MLP(75, width, 3, 10, activation, impl="triton").to(device)}
     models["triton"].load_state_dict(base.state_dict())
     if cuda:
+        # A fresh compile per case: past dynamo's recompile limit a compiled module
+        # quietly runs eagerly, and the baseline would no longer be torch.compile.
+        torch._dynamo.reset()
         models["compile"] = torch.compile(MLP(75, width, 3, 10, activation).to(device))
     flops = 6 * batch * sum(i * o for i, o in layer_shapes(TrainConfig(width=width, depth=3)))
     times: dict[str, float | None] = {}
@@ -107,13 +110,15 @@ def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, ac
 
 @pytest.mark.parametrize("batch", [4096, 8192])
 def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
-    """The fp32 (IEEE) GEMM core at large shapes: identity activation vs torch.mm (cuBLAS)."""
+    """The strict-fp32 GEMM core at large shapes: identity activation vs torch.mm (cuBLAS
+    SGEMM); extra_info names the kernel's strict-fp32 mode (IEEE or 3xTF32)."""
     session = request.config.pluginmanager.get_plugin("loadbench")
     device = session.options.device
     if device.type != "cuda":
         pytest.skip("the cuBLAS comparison needs a GPU; the interpreter proves nothing about speed")
     from triton.testing import do_bench
 
+    from kernels.linear_act import STRICT_FP32
     from kernels.linear_act import linear_act
 
     x = torch.randn(batch, 2048, device=device)
@@ -127,5 +132,5 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
     flops = 2 * batch * 2048 * 2048
     benchmark.extra_info.update(
         triton_ms=ours, cublas_ms=cublas, triton_tflops=flops / ours / 1e9, cublas_tflops=flops / cublas / 1e9,
-        fraction_of_cublas=cublas / ours,
+        fraction_of_cublas=cublas / ours, strict_fp32_kernel=STRICT_FP32,
     )
