@@ -15,10 +15,12 @@ so 'fp32' means the same thing in both implementations; bf16 and fp16 use fp32
 accumulation. Strict fp32 runs one of two ways, chosen by LOADBENCH_STRICT_FP32:
 'tf32x3' (the default: each operand split into a TF32 part and a TF32 remainder, three
 tensor-core products) or 'ieee' (Triton's fp32 dot on the FMA units). On an H100,
-3xTF32 runs the 4096 x 2048 x 2048 GEMM at cuBLAS SGEMM's speed where the IEEE dot
-reaches under half of it, and its error against float64 stays within 1.5x of cuBLAS's
-on the MLP's shapes where the IEEE dot's input gradient does not (tests/test_kernels.py,
-GPU tests). It is not bit-for-bit IEEE. Launch configurations come from `launch_config`: a table per GPU model
+3xTF32 runs the 4096 x 2048 x 2048 GEMM at 1.4x cuBLAS SGEMM's speed, the IEEE dot at
+0.42x; 3xTF32's error against float64 stays within 1.5x of cuBLAS's on the MLP's
+shapes, the IEEE dot's input gradient does not (tests/test_kernels.py, GPU tests). It
+is not bit-for-bit IEEE.
+
+Launch configurations come from `launch_config`: a table per GPU model
 and shape class measured offline by kernels/tune.py and checked in, with a heuristic
 for shapes it does not cover; nothing is autotuned on the hot path. The ops are declared with
 `torch.library.triton_op`, so they run eagerly, under torch.compile, inside CUDA-graph
