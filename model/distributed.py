@@ -13,12 +13,14 @@ under ``no_sync()`` (no communication): share = 1 - t(no_sync) / t(synced).
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m model.distributed \\
         --config '{"width": 512}' --out result.json
 
-`launch` runs that command with a timeout and stops every rank if one fails or hangs.
+`launch` runs that command with a timeout and stops every rank if one fails or hangs,
+if the caller is interrupted, or (on Linux) if the calling process dies.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
@@ -130,19 +132,22 @@ def launch(
     workdir = workdir or Path.cwd()
     out = workdir / f"ddp-{os.getpid()}-{time.monotonic_ns()}.json"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+        sys.executable, "-m", "model.distributed", "--torchrun", "--standalone", f"--nproc-per-node={world_size}",
         "-m", "model.distributed", "--config", json.dumps(config.as_dict()), "--source", source,
         "--scale", str(scale), "--backend", backend, "--out", str(out), "--timeout", str(timeout_s),
     ] + (["--weights", weights_out] if weights_out else [])  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{PARENT_ENV: str(os.getpid())})
+    # Its own session, so that one killpg reaches torchrun and every rank it started.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True, env=env)  # fmt: skip
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # torchrun and every rank it started
-        process.communicate()
+        _stop(process)
         raise DistributedError(f"data-parallel run on {world_size} ranks timed out after {timeout_s:g} s; all ranks stopped") from None
+    except BaseException:  # Ctrl-C or an error in the caller: no rank outlives the launch
+        _stop(process)
+        raise
     errors = sorted(workdir.glob(f"{out.name}.rank*.err"))
     try:
         if process.returncode != 0 or not out.is_file():
@@ -156,7 +161,31 @@ def launch(
             error.unlink(missing_ok=True)
 
 
+PARENT_ENV = "LOADBENCH_LAUNCHER_PID"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)  # torchrun and every rank it started
+    process.communicate()
+
+
+def _torchrun_bound_to_parent(argv: list[str]) -> None:
+    """torchrun, told (Linux prctl PR_SET_PDEATHSIG) to take SIGTERM when the launching
+    process dies, however it dies: torchrun then stops its ranks. Without this a killed
+    pytest leaves the ranks training on the GPUs, under the next job's timings."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        if os.environ.get(PARENT_ENV) and os.getppid() != int(os.environ[PARENT_ENV]):
+            sys.exit("model.distributed: the launching process ended before torchrun started")
+    from torch.distributed.run import main as torchrun
+
+    torchrun(argv)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--torchrun"]:
+        _torchrun_bound_to_parent(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description="one rank of a data-parallel run (start it with torchrun)")
     parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
     parser.add_argument("--source", default="synthetic")

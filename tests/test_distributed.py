@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,36 @@ def test_a_hanging_run_times_out_and_leaves_nothing_running(tmp_path) -> None:
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", f"model.distributed.*{tmp_path.name}"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher binds torchrun to its parent through prctl")
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_stopping_the_launching_process_stops_every_rank(tmp_path, how) -> None:
+    script = (
+        "from model.config import TrainConfig; from model.distributed import launch; from pathlib import Path; "
+        f"launch(TrainConfig(epochs=1000, width=64), 2, scale={SCALE}, backend='gloo', timeout_s=300, "
+        f"workdir=Path({str(tmp_path)!r}))"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    pattern = f"model.distributed.*{tmp_path.name}"
+    deadline = time.monotonic() + 60
+    while _count(pattern) < 4 and time.monotonic() < deadline:  # the launcher, torchrun, two ranks
+        time.sleep(0.2)
+    assert _count(pattern) == 4, "the ranks never started"
+    time.sleep(5)  # past start-up, when torchrun stops writing to the launcher's pipe
+    parent.send_signal(how)  # Ctrl-C: the launcher stops the ranks; kill -9: torchrun is bound to it
+    parent.wait()
+    # Orphaned ranks die too once something writes to the launcher's closed pipe, but
+    # only then: seconds to minutes. Bound to the launcher, they stop at once.
+    deadline = time.monotonic() + 5
+    while _count(pattern) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _count(pattern) == 0
+
+
+def _count(pattern: str) -> int:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return len(found.stdout.split())
 
 
 # --------------------------------------------------------------------- shards
