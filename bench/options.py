@@ -86,7 +86,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--epochs", type=parse_positive_int, default=None, metavar="N",
                     help="override the profile's epochs")
     group.addoption("--shard", type=parse_shard, default=None, metavar="I/N",
-                    help="run the I-th of N deterministic shards of the collected cases (1-based)")  # fmt: skip
+                    help="run the I-th of N deterministic shards of the collected cases (1-based)")
+    group.addoption("--shard-durations", default=None, metavar="RUN.json",
+                    help="with --shard: balance the shards by each case's time in this earlier run")  # fmt: skip
 
 
 @dataclass(frozen=True)

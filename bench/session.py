@@ -25,6 +25,8 @@ from bench.compare import make_baseline
 from bench.compare import read_run
 from bench.options import Options
 from bench.sampler import GpuProbe
+from bench.shards import assign
+from bench.shards import durations_of
 from model.data import DataError
 from model.data import Dataset
 from model.data import load_dataset
@@ -47,6 +49,7 @@ class LoadBenchSession:
             self.budgets = Budgets.load(self.options.budgets)
         except BudgetError as exc:
             raise pytest.UsageError(str(exc)) from None
+        self.shard_durations = self._read_shard_durations()
         self.probe = GpuProbe.open(self.options.device)
         self.baselines: list[Baseline] = []
         self.baseline_messages: list[str] = []
@@ -85,6 +88,7 @@ class LoadBenchSession:
             "strict_fp32_kernel": o.strict_fp32,
             "monitor_period_s": o.monitor_period,
             "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+            "shard_durations": self.config.getoption("shard_durations") if shard else None,
         }
 
     def dataset(self) -> Dataset:
@@ -188,17 +192,27 @@ class LoadBenchSession:
                 raise pytest.UsageError(str(exc)) from None
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """--shard i/n: keep every n-th item of the sorted node ids, starting at the i-th."""
+        """--shard i/n: keep the i-th shard's cases (bench/shards.py says which)."""
         shard = config.getoption("shard")
         if shard is None:
             return
         index, count = shard
-        order = sorted(range(len(items)), key=lambda k: items[k].nodeid)
-        keep = {k for rank, k in enumerate(order) if rank % count == index - 1}
-        deselected = [item for k, item in enumerate(items) if k not in keep]
-        items[:] = [item for k, item in enumerate(items) if k in keep]
+        keep = set(assign([item.nodeid for item in items], count, self.shard_durations)[index - 1])
+        deselected = [item for item in items if item.nodeid not in keep]
+        items[:] = [item for item in items if item.nodeid in keep]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
+
+    def _read_shard_durations(self) -> dict[str, float] | None:
+        path = self.config.getoption("shard_durations")
+        if path is None:
+            return None
+        if self.config.getoption("shard") is None:
+            raise pytest.UsageError(f"--shard-durations {path}: only means something with --shard I/N")
+        try:
+            return durations_of(read_run(Path(path)))
+        except BaselineError as exc:
+            raise pytest.UsageError(f"--shard-durations: {str(exc).removeprefix('baseline ')}") from None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from bench.summary import render_summary

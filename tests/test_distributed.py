@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.compare import RECORD_KEY
 from bench.merge import MergeError
 from bench.merge import merge_runs
 from bench.report import build_report
@@ -115,6 +116,36 @@ def test_shards_cover_every_case_exactly_once(pytester) -> None:
         shards = [collected(pytester, f"--shard={i}/{n}") for i in range(1, n + 1)]
         assert sorted(sum(shards, [])) == sorted(everything)
         assert all(abs(len(s) - len(everything) / n) < 1 for s in shards)
+
+
+def test_shards_balanced_by_durations_cover_every_case_once(pytester) -> None:
+    everything = collected(pytester)
+    slow = {"test_experiments.py::test_optimizer[opt-adagrad]": 120.0, "test_experiments.py::test_batch_size[batch-64]": 80.0}
+    run = {"benchmarks": [{"fullname": n, "stats": {"total": t}} for n, t in slow.items()],
+           "machine_info": {RECORD_KEY: {}}}  # fmt: skip
+    (pytester.path / "durations.json").write_text(json.dumps(run))
+    shards = [collected(pytester, f"--shard={i}/3", "--shard-durations=durations.json") for i in (1, 2, 3)]
+    assert sorted(sum(shards, [])) == sorted(everything)
+    assert [sum(n in slow for n in shard) for shard in shards] == [1, 1, 0]  # the two slow cases apart
+
+
+@pytest.mark.parametrize(
+    ("args", "content", "message"),
+    [
+        (["--shard=1/2", "--shard-durations=nowhere.json"], None, "--shard-durations: nowhere.json: cannot be read"),
+        (["--shard=1/2", "--shard-durations=d.json"], "{oops", "--shard-durations: d.json: corrupt JSON at line 1"),
+        (["--shard=1/2", "--shard-durations=d.json"], '{"a": 1}', "d.json: not a pytest-benchmark run file"),
+        (["--shard-durations=d.json"], "{}", "--shard-durations d.json: only means something with --shard I/N"),
+    ],
+    ids=["missing", "corrupt", "foreign", "without-shard"],
+)
+def test_bad_shard_durations_are_usage_errors(pytester, args, content, message) -> None:
+    pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
+    if content is not None:
+        (pytester.path / "d.json").write_text(content)
+    result = pytester.runpytest_subprocess("--collect-only", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
 
 
 @pytest.mark.parametrize(("value", "message"), [("3/2", "between 1 and 2"), ("x", "use i/n")])
