@@ -110,15 +110,33 @@ def summarize(
     }
 
 
-def summarize_monitor(monitor: LoadMonitor, epochs: int) -> dict[str, object]:
-    """`summarize` of everything a stopped monitor saw."""
-    return summarize(
-        list(monitor.samples),
+def summarize_monitor(
+    monitor: LoadMonitor, epochs: int, window: tuple[float, float] | None = None
+) -> dict[str, object]:
+    """`summarize` of everything a stopped monitor saw, or of the samples inside
+    `window` (time.perf_counter() values, a clock every process on the host shares):
+    how another process's training is told apart from its start-up. The NVML energy
+    counter is read only at start and stop, so a window's energy is its mean power
+    times its length."""
+    samples, elapsed, energy_j = list(monitor.samples), monitor.elapsed, monitor.energy_j
+    busy_seconds = monitor.busy_seconds
+    if window is not None:
+        begin, end = window
+        samples = [s for s in samples if begin <= monitor.started + float(s["t"] or 0.0) <= end]
+        busy_seconds *= (end - begin) / elapsed if elapsed > 0 else 0.0
+        elapsed = end - begin
+        power = [s["power_w"] for s in samples if s.get("power_w") is not None]
+        energy_j = sum(power) / len(power) * elapsed if power else None
+    record = summarize(
+        samples,
         gpu=monitor.gpu.info if monitor.gpu else None,
-        energy_j=monitor.energy_j,
+        energy_j=energy_j,
         epochs=epochs,
-        elapsed=monitor.elapsed,
-        busy_seconds=monitor.busy_seconds,
+        elapsed=elapsed,
+        busy_seconds=busy_seconds,
         period=monitor.period,
         unavailable=monitor.unavailable,
     )
+    # Where the summarized window lies in the monitor's span (seconds from its start); None: all of it.
+    record["window"] = None if window is None else [window[0] - monitor.started, window[1] - monitor.started]
+    return record

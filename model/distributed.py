@@ -91,6 +91,7 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         return time.perf_counter() - begin, loss
 
     seconds, losses = [], []
+    window_begin = time.perf_counter()  # CLOCK_MONOTONIC: the launcher's load monitor reads the same clock
     with precision_mode(config.precision):
         for _ in range(config.epochs):
             s, loss = timed(epoch)
@@ -102,6 +103,7 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         synced, _ = timed(epoch)
         with ddp.no_sync():
             local_only, _ = timed(epoch)
+    window_end = time.perf_counter()
     if rank != 0:
         return {}
     return {
@@ -113,6 +115,7 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         # With one rank nothing is communicated: no share to report.
         "allreduce_share": max(0.0, 1 - local_only / synced) if world > 1 else None,
         "train_frames": n,
+        "train_window": [window_begin, window_end],  # training and the two share-measuring epochs
         **{k: metrics[k] for k in ("accuracy", "macro_f1", "weighted_f1", "confusion")},
     }
 

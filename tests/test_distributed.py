@@ -47,6 +47,15 @@ def test_one_global_step_has_the_single_process_gradient(tmp_path) -> None:
         assert torch.allclose(ours[name], theirs[name], atol=1e-6), name
 
 
+def test_the_record_gives_the_training_window_on_the_launchers_clock(tmp_path) -> None:
+    before = time.perf_counter()
+    record = launch(TrainConfig(width=16, depth=1, epochs=2), 2, scale=SCALE, backend="gloo", timeout_s=180, workdir=tmp_path)
+    after = time.perf_counter()
+    begin, end = record["train_window"]
+    assert before < begin < end < after
+    assert end - begin >= sum(record["epoch_seconds"])
+
+
 def test_final_weights_match_single_process_training(tmp_path) -> None:
     config = TrainConfig(width=32, depth=2, epochs=2, batch_size=100)  # uneven last batch included
     ours, theirs = ddp_weights(config, tmp_path), single_process_weights(config)

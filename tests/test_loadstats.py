@@ -1,0 +1,52 @@
+"""Load summaries of a monitor: all it saw, or only a window of it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from bench.loadstats import summarize_monitor
+from bench.sampler import LoadMonitor
+
+
+def _monitor_with(samples: list[dict], started: float = 100.0, stopped: float = 110.0) -> LoadMonitor:
+    monitor = LoadMonitor(torch.device("cpu"), period=1.0, probe="no GPU in this test")
+    monitor.started, monitor.stopped = started, stopped
+    monitor.busy_seconds = 0.5
+    monitor.samples.extend(samples)
+    return monitor
+
+
+def test_a_window_keeps_only_its_samples_and_takes_energy_from_their_power() -> None:
+    # start-up at 50 W, training at 300 W from t = 4 s to t = 8 s
+    samples = [{"t": float(t), "power_w": 300.0 if 4 <= t <= 8 else 50.0, "cpu_process": float(t)} for t in range(11)]
+    monitor = _monitor_with(samples)
+    whole = summarize_monitor(monitor, epochs=2)
+    window = summarize_monitor(monitor, epochs=2, window=(104.0, 108.0))
+    assert whole["samples"] == 11 and whole["window"] is None and whole["energy_j"] is None  # no NVML counter here
+    assert window["samples"] == 5 and window["window"] == [4.0, 8.0] and window["window_s"] == 4.0
+    assert window["fields"]["power_w"]["mean"] == 300.0
+    assert window["energy_j"] == pytest.approx(1200.0) and window["energy_per_epoch_j"] == pytest.approx(600.0)
+    assert window["fields"]["cpu_process"]["max"] == 8.0
+    assert window["monitor_busy_fraction"] == pytest.approx(0.05)  # 0.5 s of 10 s, scaled to the window
+
+
+def test_a_window_without_power_readings_has_no_energy() -> None:
+    monitor = _monitor_with([{"t": float(t), "cpu_process": 1.0} for t in range(5)])
+    assert summarize_monitor(monitor, epochs=1, window=(101.0, 103.0))["energy_j"] is None
+
+
+def test_a_live_monitor_windowed_by_the_shared_clock() -> None:
+    monitor = LoadMonitor(torch.device("cpu"), period=0.01)
+    monitor.start()
+    time.sleep(0.2)
+    begin = time.perf_counter()
+    time.sleep(0.2)
+    end = time.perf_counter()
+    time.sleep(0.2)
+    monitor.stop()
+    whole, window = summarize_monitor(monitor, 1), summarize_monitor(monitor, 1, window=(begin, end))
+    assert 0 < window["samples"] < whole["samples"]
+    assert window["window_s"] == pytest.approx(end - begin)
