@@ -155,13 +155,25 @@ def launch(
     try:
         if process.returncode != 0 or not out.is_file():
             reasons = [f"{e.suffixes[-2][1:]}: {e.read_text().strip()}" for e in errors]
-            detail = "\n".join(reasons) or "\n".join(output.strip().splitlines()[-15:])
+            detail = "\n".join(reasons) or failure_detail(output)
             raise DistributedError(f"data-parallel run on {world_size} ranks failed (exit {process.returncode}):\n{detail}")
         return json.loads(out.read_text())
     finally:
         out.unlink(missing_ok=True)
         for error in errors:
             error.unlink(missing_ok=True)
+
+
+def failure_detail(output: str, summary: int = 15, before: int = 10) -> str:
+    """What torchrun printed about a rank that died without a Python exception (a signal,
+    a C++ abort): the ranks' last lines before torchrun's failure report, then the
+    report's end, which names the rank and the signal."""
+    lines = output.strip().splitlines()
+    report = next((i for i, line in enumerate(lines) if line.startswith(("Traceback", "====="))), None)
+    if report is None:
+        return "\n".join(lines[-summary:])
+    ranks = [line for line in lines[:report] if line.strip()][-before:]
+    return "\n".join([*ranks, "...", *lines[-summary:]] if ranks else lines[-summary:])
 
 
 PARENT_ENV = "LOADBENCH_LAUNCHER_PID"

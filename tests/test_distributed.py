@@ -197,3 +197,17 @@ def test_merged_shards_read_like_one_run(pytester, tmp_path) -> None:
     assert "units-128" in (tmp_path / "report" / "tables.md").read_text() or "128" in (tmp_path / "report" / "tables.md").read_text()
     with pytest.raises(MergeError, match="is also in"):
         merge_runs([shards[0], shards[0]])
+
+
+def test_a_rank_that_dies_without_an_exception_is_reported_with_its_last_words() -> None:
+    from model.distributed import failure_detail
+
+    output = "\n".join(
+        ["epoch 1", "terminate called after throwing an instance of 'gloo::IoException'", "  what():  Connection closed by peer",
+         "Traceback (most recent call last):", "  File torchrun", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
+        + ["=" * 20, "model.distributed FAILED", "Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)",
+           "  exitcode  : -6 (pid: 31306)", "  traceback : Signal 6 (SIGABRT) received by PID 31306", "=" * 20]
+    )  # fmt: skip
+    detail = failure_detail(output)
+    assert "what():  Connection closed by peer" in detail and "Signal 6 (SIGABRT)" in detail
+    assert failure_detail("one line") == "one line"
