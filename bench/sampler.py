@@ -161,14 +161,45 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def read_host(process: psutil.Process, cores: int) -> dict[str, float]:
+def read_host(process: psutil.Process | ProcessTree, cores: int) -> dict[str, float]:
     """Process CPU% over the last interval divided by usable cores (0-100), system CPU%, RSS, RAM%."""
+    cpu, rss = process.read() if isinstance(process, ProcessTree) else (process.cpu_percent(None), process.memory_info().rss)
     return {
-        "cpu_process": process.cpu_percent(None) / cores,
+        "cpu_process": cpu / cores,
         "cpu_system": psutil.cpu_percent(None),
-        "rss_mib": process.memory_info().rss / 2**20,
+        "rss_mib": rss / 2**20,
         "ram_system": psutil.virtual_memory().percent,
     }
+
+
+class ProcessTree:
+    """A process and every process it started, read as one: CPU% and RSS summed (shared
+    pages count once per process). For cases whose work runs in child processes, such as
+    torchrun's ranks. psutil's cpu_percent needs a first call per process, so a child
+    counts from the sample after the one that found it."""
+
+    def __init__(self, root: psutil.Process) -> None:
+        self.root = root
+        self.known: dict[int, psutil.Process] = {}
+
+    def read(self) -> tuple[float, float]:
+        cpu = rss = 0.0
+        try:
+            members = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            members = [self.root]
+        alive = {}
+        for member in members:
+            process = self.known.get(member.pid, member)
+            try:
+                share = process.cpu_percent(None)
+                rss += process.memory_info().rss
+            except psutil.Error:  # ended between the listing and the read
+                continue
+            cpu += share if member.pid in self.known else 0.0
+            alive[member.pid] = process
+        self.known = alive
+        return cpu, rss
 
 
 def read_allocator(device: torch.device) -> dict[str, float | None]:
@@ -183,14 +214,18 @@ def read_allocator(device: torch.device) -> dict[str, float | None]:
 class LoadMonitor:
     """Samples GPU, allocator and host load every `period` seconds between start() and stop()."""
 
-    def __init__(self, device: torch.device, period: float = 0.1, probe: GpuProbe | str | None = None) -> None:
+    def __init__(
+        self, device: torch.device, period: float = 0.1, probe: GpuProbe | str | None = None, children: bool = False
+    ) -> None:
+        """`children`: the process figures (cpu_process, rss) include every process this
+        one starts; off by default, since listing them costs the sampler a scan of /proc."""
         self.device = device
         self.period = period
         self.probe = GpuProbe.open(device) if probe is None else probe
         self.unavailable: dict[str, str] = {}
         if isinstance(self.probe, str):
             self.unavailable["gpu"] = self.probe
-        self.process = psutil.Process()
+        self.process: psutil.Process | ProcessTree = ProcessTree(psutil.Process()) if children else psutil.Process()
         self.cores = usable_cores()
         self.samples: deque[dict[str, float | None]] = deque(maxlen=MAX_SAMPLES)
         self.epoch = -1  # set by the trainer's callback; read, never waited on
@@ -218,7 +253,10 @@ class LoadMonitor:
         self._stop.clear()
         self.samples.clear()
         self.busy_seconds = 0.0
-        self.process.cpu_percent(None)  # the first call primes the counters and returns 0.0
+        if isinstance(self.process, ProcessTree):
+            self.process.read()  # primes the counters of every process found
+        else:
+            self.process.cpu_percent(None)  # the first call primes the counters and returns 0.0
         psutil.cpu_percent(None)
         if self.gpu is not None:
             self.gpu.read()  # primes the GPM sample

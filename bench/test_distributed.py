@@ -38,7 +38,8 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, scaling: 
     config = TrainConfig(width=width, epochs=epochs, batch_size=BATCH * (world if scaling == "weak" else 1),
                          precision=options.precision, loop="fast")  # fmt: skip
     scale = options.profile.scale if options.dataset == "synthetic" else 1.0
-    monitors = [LoadMonitor(torch.device(f"cuda:{i}") if CUDA else torch.device("cpu"), options.monitor_period)
+    # children=True: the process figures cover torchrun and the ranks, where the work runs
+    monitors = [LoadMonitor(torch.device(f"cuda:{i}") if CUDA else torch.device("cpu"), options.monitor_period, children=True)
                 for i in range(world if CUDA else 1)]  # fmt: skip
     result: dict = {}
 

@@ -50,3 +50,21 @@ def test_a_live_monitor_windowed_by_the_shared_clock() -> None:
     whole, window = summarize_monitor(monitor, 1), summarize_monitor(monitor, 1, window=(begin, end))
     assert 0 < window["samples"] < whole["samples"]
     assert window["window_s"] == pytest.approx(end - begin)
+
+
+def test_a_process_tree_counts_the_work_of_child_processes() -> None:
+    import subprocess
+    import sys
+
+    tree, alone = LoadMonitor(torch.device("cpu"), 0.05, children=True), LoadMonitor(torch.device("cpu"), 0.05)
+    tree.start()
+    alone.start()
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+    busy.wait()
+    tree.stop()
+    alone.stop()
+    cores = tree.cores
+    with_children = summarize_monitor(tree, 1)["fields"]["cpu_process"]["max"] * cores
+    without = summarize_monitor(alone, 1)["fields"]["cpu_process"]["max"] * alone.cores
+    assert with_children > 50  # a child spinning on one core: most of 100% of a core
+    assert without < 50
