@@ -161,9 +161,9 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def read_host(process: psutil.Process | ProcessTree, cores: int) -> dict[str, float]:
+def read_host(process: ProcessTree, cores: int) -> dict[str, float]:
     """Process CPU% over the last interval divided by usable cores (0-100), system CPU%, RSS, RAM%."""
-    cpu, rss = process.read() if isinstance(process, ProcessTree) else (process.cpu_percent(None), process.memory_info().rss)
+    cpu, rss = process.read()
     return {
         "cpu_process": cpu / cores,
         "cpu_system": psutil.cpu_percent(None),
@@ -173,19 +173,20 @@ def read_host(process: psutil.Process | ProcessTree, cores: int) -> dict[str, fl
 
 
 class ProcessTree:
-    """A process and every process it started, read as one: CPU% and RSS summed (shared
-    pages count once per process). For cases whose work runs in child processes, such as
-    torchrun's ranks. psutil's cpu_percent needs a first call per process, so a child
-    counts from the sample after the one that found it."""
+    """A process, and with `children` every process it started, read as one: CPU% and
+    RSS summed (shared pages count once per process). Children matter where the work
+    runs in them, as in torchrun's ranks. psutil's cpu_percent needs a first call per
+    process, so each process counts from the sample after the one that found it."""
 
-    def __init__(self, root: psutil.Process) -> None:
+    def __init__(self, root: psutil.Process, children: bool = False) -> None:
         self.root = root
+        self.children = children
         self.known: dict[int, psutil.Process] = {}
 
     def read(self) -> tuple[float, float]:
         cpu = rss = 0.0
         try:
-            members = [self.root, *self.root.children(recursive=True)]
+            members = [self.root, *(self.root.children(recursive=True) if self.children else [])]
         except psutil.Error:
             members = [self.root]
         alive = {}
@@ -225,7 +226,7 @@ class LoadMonitor:
         self.unavailable: dict[str, str] = {}
         if isinstance(self.probe, str):
             self.unavailable["gpu"] = self.probe
-        self.process: psutil.Process | ProcessTree = ProcessTree(psutil.Process()) if children else psutil.Process()
+        self.process = ProcessTree(psutil.Process(), children)
         self.cores = usable_cores()
         self.samples: deque[dict[str, float | None]] = deque(maxlen=MAX_SAMPLES)
         self.epoch = -1  # set by the trainer's callback; read, never waited on
@@ -253,10 +254,7 @@ class LoadMonitor:
         self._stop.clear()
         self.samples.clear()
         self.busy_seconds = 0.0
-        if isinstance(self.process, ProcessTree):
-            self.process.read()  # primes the counters of every process found
-        else:
-            self.process.cpu_percent(None)  # the first call primes the counters and returns 0.0
+        self.process.read()  # the first read primes the CPU counters and counts 0%
         psutil.cpu_percent(None)
         if self.gpu is not None:
             self.gpu.read()  # primes the GPM sample
