@@ -122,7 +122,7 @@ def summarize_monitor(
     busy_seconds = monitor.busy_seconds
     if window is not None:
         begin, end = window
-        samples = [s for s in samples if begin <= monitor.started + float(s["t"] or 0.0) <= end]
+        samples = [s for s in samples if begin <= monitor.started + s["t"] <= end]
         busy_seconds *= (end - begin) / elapsed if elapsed > 0 else 0.0
         elapsed = end - begin
         power = [s["power_w"] for s in samples if s.get("power_w") is not None]

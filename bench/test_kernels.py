@@ -118,7 +118,6 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
         pytest.skip("the cuBLAS comparison needs a GPU; the interpreter proves nothing about speed")
     from triton.testing import do_bench
 
-    from kernels.linear_act import STRICT_FP32
     from kernels.linear_act import linear_act
 
     x = torch.randn(batch, 2048, device=device)
@@ -132,5 +131,5 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
     flops = 2 * batch * 2048 * 2048
     benchmark.extra_info.update(
         triton_ms=ours, cublas_ms=cublas, triton_tflops=flops / ours / 1e9, cublas_tflops=flops / cublas / 1e9,
-        fraction_of_cublas=cublas / ours, strict_fp32_kernel=STRICT_FP32,
+        fraction_of_cublas=cublas / ours, strict_fp32_kernel=session.options.strict_fp32,
     )
