@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.loadstats import summarize_monitor
-from bench.sampler import LoadMonitor
+from bench.monitor.loadstats import summarize_monitor
+from bench.monitor.sampler import LoadMonitor
 from model.config import TrainConfig
 from model.distributed import launch
 

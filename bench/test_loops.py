@@ -9,7 +9,7 @@ import pytest
 
 from bench.cases import Case
 from bench.cases import loop_cases
-from bench.ceiling import matmul_tflops
+from bench.monitor.ceiling import matmul_tflops
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ INTERPRETER_OVERRIDES = {"width": 32, "epochs": 1}
 
 @pytest.mark.parametrize("case", loop_cases(), ids=lambda case: case.id)
 def test_training_loop(loadbench, case: Case, ceiling_tflops) -> None:
-    cpu = loadbench.session.options.device.type == "cpu"
+    cpu = loadbench.plugin.session.options.device.type == "cpu"
     overrides = INTERPRETER_OVERRIDES if cpu and case.changes.get("impl") == "triton" else {}
     try:
         loadbench.run(case, **overrides)
@@ -37,6 +37,6 @@ def test_training_loop(loadbench, case: Case, ceiling_tflops) -> None:
             record["matmul_ceiling_tflops"] = ceiling_tflops["tflops"]
             record["roofline_epoch_s"] = roofline
             record["roofline_fraction"] = roofline / record["median_epoch_s"]
-            reference = loadbench.session.record_of("loop-reference")
+            reference = loadbench.plugin.session.record_of("loop-reference")
             if reference is not None:
                 record["speedup_vs_reference"] = reference["median_epoch_s"] / record["median_epoch_s"]

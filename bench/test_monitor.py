@@ -10,7 +10,7 @@ import statistics
 
 import torch
 
-from bench.sampler import LoadMonitor
+from bench.monitor.sampler import LoadMonitor
 from model.config import TrainConfig
 from model.train import Trainer
 

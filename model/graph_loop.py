@@ -14,51 +14,51 @@ in place (outside the graph, asynchronously) and replays.
 The first call warms up (allocator growth, cuBLAS workspaces, optimizer state,
 Triton compilation) on a side stream, puts parameters and optimizer state back
 as they were, then captures; so the trajectory matches the eager fast loop's.
-An optimizer whose step cannot be captured (Adagrad reads its step count on the
-host) makes `build_graph_epoch` return None and the trainer runs the fast loop.
+The trainer decides whether its optimizer's step can be captured (Adagrad reads its
+step count on the host) and runs the fast loop where it cannot. This module knows
+only the step function, the model's parameters, the optimizer and the data.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
-if TYPE_CHECKING:
-    from model.train import Trainer
-
 WARMUP_STEPS = 3
-
-
-def build_graph_epoch(trainer: Trainer, whole_epoch: bool) -> GraphEpoch | None:
-    if "capturable" not in trainer.optimizer_impl:
-        trainer.notes.append(
-            f"{trainer.config.optimizer}: its step cannot be captured in a CUDA graph; ran the eager fast loop"
-        )
-        return None
-    return GraphEpoch(trainer, whole_epoch)
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, y) -> the batch's mean loss
 
 
 class GraphEpoch:
     """Callable like the trainer's epoch functions: runs one epoch, returns its mean loss."""
 
-    def __init__(self, trainer: Trainer, whole_epoch: bool) -> None:
-        self.trainer = trainer
+    def __init__(
+        self,
+        step: Step,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        generator: torch.Generator,
+        whole_epoch: bool,
+    ) -> None:
+        self.step, self.model, self.optimizer = step, model, optimizer
+        self.x, self.y, self.generator = x, y, generator
         self.whole_epoch = whole_epoch
-        data = trainer.data
-        self.n = len(data.y_train)
-        self.batch = min(trainer.config.batch_size, self.n)
+        self.device = x.device
+        self.n = len(y)
+        self.batch = min(batch_size, self.n)
         self.steps = math.ceil(self.n / self.batch)
-        self.perm = torch.empty(self.n, dtype=torch.long, device=trainer.device)
-        self.index = torch.zeros(self.batch, dtype=torch.long, device=trainer.device)  # per-step mode
-        self.total = torch.zeros((), device=trainer.device)
+        self.perm = torch.empty(self.n, dtype=torch.long, device=self.device)
+        self.index = torch.zeros(self.batch, dtype=torch.long, device=self.device)  # per-step mode
+        self.total = torch.zeros((), device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph (per-step mode)
         self.epoch_graph: torch.cuda.CUDAGraph | None = None
 
     def __call__(self) -> float:
-        t = self.trainer
-        self.perm.copy_(torch.randperm(self.n, device=t.device, generator=t.generator))
+        self.perm.copy_(torch.randperm(self.n, device=self.device, generator=self.generator))
         if self.epoch_graph is None and not self.graphs:
             self._warm_up()
             self._capture()
@@ -74,35 +74,31 @@ class GraphEpoch:
         return float(self.total) / self.n
 
     def _step_at(self, index: torch.Tensor) -> None:
-        x = self.trainer.data.x_train[index]
-        y = self.trainer.data.y_train[index]
-        self.total += self.trainer.step(x, y) * len(index)
+        self.total += self.step(self.x[index], self.y[index]) * len(index)
 
     def _warm_up(self) -> None:
-        t = self.trainer
-        params = [p.detach().clone() for p in t.model.parameters()]
-        side = torch.cuda.Stream(t.device)
-        side.wait_stream(torch.cuda.current_stream(t.device))
+        params = [p.detach().clone() for p in self.model.parameters()]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
                 self._step_at(self.perm[: self.batch])
                 if self.n % self.batch:
                     self._step_at(self.perm[: self.n % self.batch])
-        torch.cuda.current_stream(t.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(side)
         # Undo the warm-up: zeroed state is each optimizer's fresh state (Adam and
         # RMSprop moments and step, SGD's momentum buffer taking the first gradient).
         with torch.no_grad():
-            for p, saved in zip(t.model.parameters(), params):
+            for p, saved in zip(self.model.parameters(), params):
                 p.copy_(saved)
-            for state in t.optimizer.state.values():
+            for state in self.optimizer.state.values():
                 for value in state.values():
                     if torch.is_tensor(value):
                         value.zero_()
         self.total.zero_()
 
     def _capture(self) -> None:
-        t = self.trainer
-        t.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         if self.whole_epoch:
             self.epoch_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.epoch_graph):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.compare import RECORD_KEY
-from bench.merge import MergeError
-from bench.merge import merge_runs
-from bench.report import build_report
+from bench.plugin.compare import RECORD_KEY
+from bench.tools.merge import MergeError
+from bench.tools.merge import merge_runs
+from bench.tools.report import build_report
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.distributed import DistributedError
@@ -186,7 +186,7 @@ def test_merged_shards_read_like_one_run(pytester, tmp_path) -> None:
                                       f"--series-dir={tmp_path / 'series'}").assert_outcomes(passed=2 if i == 1 else 1)  # fmt: skip
         shards.append(out)
     merged = tmp_path / "merged.json"
-    subprocess.run([sys.executable, "-m", "bench.merge", str(merged), *map(str, shards)], check=True)
+    subprocess.run([sys.executable, "-m", "bench.tools.merge", str(merged), *map(str, shards)], check=True)
     run = json.loads(merged.read_text())
     assert sorted(b["extra_info"]["case"] for b in run["benchmarks"]) == ["opt-sgd", "units-128", "units-256"]
     compare = subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", str(merged)],

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from bench.loadstats import summarize_monitor
-from bench.sampler import LoadMonitor
+from bench.monitor.loadstats import summarize_monitor
+from bench.monitor.sampler import LoadMonitor
 
 
 def _monitor_with(samples: list[dict], started: float = 100.0, stopped: float = 110.0) -> LoadMonitor:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.figures import moving_average
-from bench.figures import pareto_front
-from bench.figures import resource_figure
-from bench.report import ReportError
-from bench.report import build_report
-from bench.report import main as report_main
-from bench.runs import find_run_files
-from bench.series import read_series
+from bench.tools.figures import moving_average
+from bench.tools.figures import pareto_front
+from bench.tools.figures import resource_figure
+from bench.tools.report import ReportError
+from bench.tools.report import build_report
+from bench.tools.report import main as report_main
+from bench.tools.runs import find_run_files
+from bench.monitor.series import read_series
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,7 +161,7 @@ def test_bisect_finds_the_planted_slow_commit(tmp_path) -> None:
         git("commit", "-qm", f"change {i}" + (" (slow)" if i == 3 else ""))
         commits.append(git("rev-parse", "HEAD").strip())
     out = subprocess.run(
-        [sys.executable, "-m", "bench.bisect", commits[0], commits[-1], "-k", "test_units", "--path", "perf/",
+        [sys.executable, "-m", "bench.tools.bisect", commits[0], commits[-1], "-k", "test_units", "--path", "perf/",
          "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}",
          "--dataset=" + str(_tiny_csv(tmp_path))],
         cwd=repo, capture_output=True, text=True,
@@ -187,7 +187,7 @@ def test_bisect_refuses_a_dirty_tree(tmp_path) -> None:
     subprocess.run(["git", "add", "a.txt"], cwd=repo, check=True)
     subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "a"], cwd=repo, check=True)
     (repo / "a.txt").write_text("2")
-    out = subprocess.run([sys.executable, "-m", "bench.bisect", "HEAD", "HEAD", "-k", "x", "--repo", str(repo)],
+    out = subprocess.run([sys.executable, "-m", "bench.tools.bisect", "HEAD", "HEAD", "-k", "x", "--repo", str(repo)],
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 2 and "uncommitted changes" in out.stderr
     assert shutil.which("git")

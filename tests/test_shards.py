@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from bench.shards import assign
-from bench.shards import durations_of
+from bench.tools.shards import assign
+from bench.tools.shards import durations_of
 
 
 def test_without_durations_shards_take_turns_over_sorted_ids() -> None:

@@ -1,6 +1,6 @@
 """Find the commit that broke a case, with the same gate the suite uses.
 
-    python -m bench.bisect GOOD BAD -k CASE [--path bench/] [-- PYTEST ARGS...]
+    python -m bench.tools.bisect GOOD BAD -k CASE [--path bench/] [-- PYTEST ARGS...]
 
 Runs the case at GOOD to make the baseline, then drives ``git bisect run`` with a
 step that runs the case against that baseline (``--benchmark-compare``): a step whose
@@ -69,7 +69,7 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
             git(repo, "checkout", "-q", start)
         git(repo, "bisect", "start", bad, good)
         try:
-            run = git(repo, "bisect", "run", sys.executable, "-m", "bench.bisect", "--step", "--baseline", str(baseline),
+            run = git(repo, "bisect", "run", sys.executable, "-m", "bench.tools.bisect", "--step", "--baseline", str(baseline),
                       "-k", case, "--path", path, "--", *extra, check=False)  # fmt: skip
             found = re.search(r"^([0-9a-f]{40}) is the first bad commit", run.stdout, re.MULTILINE)
             if found is None:
@@ -80,7 +80,7 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bisect", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.bisect", description=__doc__.split("\n\n")[0])
     parser.add_argument("good", nargs="?", help="a commit where the case passes")
     parser.add_argument("bad", nargs="?", help="a commit where it fails")
     parser.add_argument("-k", dest="case", required=True, help="the case (a pytest -k expression)")

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 
 import psutil
 
-from bench.sampler import THROTTLE_BITS
-from bench.sampler import GpuInfo
-from bench.sampler import LoadMonitor
+from bench.monitor.sampler import THROTTLE_BITS
+from bench.monitor.sampler import GpuInfo
+from bench.monitor.sampler import LoadMonitor
 
 SUMMARY_FIELDS = {  # field: unit
     "gpu_util": "%",

@@ -1,8 +1,8 @@
 """The report: the study's tables and figures, history across commits, the Pareto view.
 
-    python -m bench.report                       # every run in .benchmarks
-    python -m bench.report --storage DIR --out reports/
-    python -m bench.report run1.json run2.json   # given run files
+    python -m bench.tools.report                       # every run in .benchmarks
+    python -m bench.tools.report --storage DIR --out reports/
+    python -m bench.tools.report run1.json run2.json   # given run files
 
 Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
 line per value, smoothed), ``pareto.png``, ``history.html`` (self-contained: images
@@ -26,16 +26,16 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.budgets import Budgets
+from bench.plugin.budgets import Budgets
 from bench.cases import TITLES
-from bench.compare import DIRECTIONS
-from bench.options import DEFAULT_BUDGETS
-from bench.runs import Run
-from bench.runs import find_run_files
-from bench.runs import load_runs
-from bench.series import read_series
-from bench.summary import COLUMNS
-from bench.summary import study_row
+from bench.plugin.compare import DIRECTIONS
+from bench.plugin.options import DEFAULT_BUDGETS
+from bench.tools.runs import Run
+from bench.tools.runs import find_run_files
+from bench.tools.runs import load_runs
+from bench.monitor.series import read_series
+from bench.plugin.summary import COLUMNS
+from bench.plugin.summary import study_row
 
 HISTORY_METRICS = {  # extra_info key: (title, budget key for the allowed change); direction from DIRECTIONS
     "median_epoch_s": ("median epoch time (s)", "time_slower_pct"),
@@ -106,7 +106,7 @@ def resolve_series(path: str, roots: Sequence[Path]) -> Path | None:
 
 
 def experiment_figures(run: Run, window: int, roots: Sequence[Path], warnings: list[str]) -> dict[str, bytes]:
-    from bench.figures import resource_figure
+    from bench.tools.figures import resource_figure
 
     out = {}
     for experiment, benches in by_experiment(run).items():
@@ -168,7 +168,7 @@ def summary_markdown(runs: list[Run], flagged: dict[str, dict[str, list[int]]], 
 
 
 def history_html(runs: list[Run], lines: dict, flagged: dict, extra_images: dict[str, bytes], summary: str) -> str:
-    from bench.figures import history_figure
+    from bench.tools.figures import history_figure
 
     labels = [r.label for r in runs]
     parts = [
@@ -205,7 +205,7 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     figures = experiment_figures(latest, window, roots, warnings)
     for experiment, image in figures.items():
         written.append(write_atomic(out / f"{experiment}.png", image))
-    from bench.figures import pareto_figure
+    from bench.tools.figures import pareto_figure
 
     pareto = png(pareto_figure([b["extra_info"] for b in latest.cases()]))
     written.append(write_atomic(out / "pareto.png", pareto))
@@ -217,7 +217,7 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run files (default: every run in --storage)")
     parser.add_argument("--storage", type=Path, default=Path(".benchmarks"), help="pytest-benchmark storage. Default: .benchmarks")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="output folder. Default: reports")

@@ -28,7 +28,7 @@ PROFILES = {
     "quick": Profile("quick", 1.0, 40, 1, "all frames, 40 epochs: accuracy budgets mean something"),
     "thesis": Profile("thesis", 1.0, 400, 1, "all frames, the study's 400 epochs"),
 }
-DEFAULT_BUDGETS = Path(__file__).with_name("budgets.toml")
+DEFAULT_BUDGETS = Path(__file__).resolve().parents[1] / "budgets.toml"
 
 
 def parse_device(value: str) -> str:

@@ -30,7 +30,7 @@ else:  # pragma: no cover
 
 from bench.cases import CASE_IDS
 from bench.cases import EXPERIMENTS
-from bench.options import PROFILES
+from bench.plugin.options import PROFILES
 
 
 class BudgetError(ValueError):

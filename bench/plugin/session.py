@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 import torch
 
-from bench.budgets import Budgets
-from bench.budgets import BudgetError
-from bench.compare import RECORD_KEY
-from bench.compare import Baseline
-from bench.compare import BaselineError
-from bench.compare import make_baseline
-from bench.compare import read_run
-from bench.options import Options
-from bench.sampler import GpuProbe
-from bench.shards import assign
-from bench.shards import durations_of
+from bench.plugin.budgets import Budgets
+from bench.plugin.budgets import BudgetError
+from bench.plugin.compare import RECORD_KEY
+from bench.plugin.compare import Baseline
+from bench.plugin.compare import BaselineError
+from bench.plugin.compare import make_baseline
+from bench.plugin.compare import read_run
+from bench.plugin.options import Options
+from bench.monitor.sampler import GpuProbe
+from bench.tools.shards import assign
+from bench.tools.shards import durations_of
 from model.data import DataError
 from model.data import Dataset
 from model.data import load_dataset
@@ -215,7 +215,7 @@ class LoadBenchSession:
             raise pytest.UsageError(f"--shard-durations: {str(exc).removeprefix('baseline ')}") from None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from bench.summary import render_summary
+        from bench.plugin.summary import render_summary
 
         if self.records or self.baseline_messages:
             terminalreporter.write_sep("-", "mlp-loadbench")

@@ -22,8 +22,8 @@ from typing import Any
 
 from scipy.stats import mannwhitneyu
 
-from bench.budgets import Budget
-from bench.budgets import Failure
+from bench.plugin.budgets import Budget
+from bench.plugin.budgets import Failure
 
 RECORD_KEY = "loadbench"  # machine_info key and extra_info marker of our runs
 

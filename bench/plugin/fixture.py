@@ -18,18 +18,18 @@ from typing import Any
 import pytest
 import torch
 
-from bench.budgets import Failure
-from bench.budgets import check_ceilings
-from bench.budgets import check_floors
+from bench.plugin.budgets import Failure
+from bench.plugin.budgets import check_ceilings
+from bench.plugin.budgets import check_floors
 from bench.cases import Case
-from bench.compare import check_against
-from bench.compare import deltas
-from bench.compare import time_samples
-from bench.loadstats import summarize_monitor
-from bench.sampler import LoadMonitor
-from bench.series import safe_name
-from bench.series import write_series
-from bench.session import LoadBenchSession
+from bench.plugin.compare import check_against
+from bench.plugin.compare import deltas
+from bench.plugin.compare import time_samples
+from bench.monitor.loadstats import summarize_monitor
+from bench.monitor.sampler import LoadMonitor
+from bench.monitor.series import safe_name
+from bench.monitor.series import write_series
+from bench.plugin.session import LoadBenchSession
 from model.config import TrainConfig
 from model.cost import training_cost
 from model.train import Trainer

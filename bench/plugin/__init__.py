@@ -1,7 +1,7 @@
 """mlp-loadbench's pytest plugin: options, session set-up and the `loadbench` fixture.
 
 Registered from the root conftest.py. The hooks that need session state live on
-`LoadBenchSession` (bench/session.py), registered here as the plugin 'loadbench'.
+`LoadBenchSession` (bench/plugin/session.py), registered here as the plugin 'loadbench'.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.fixture import LoadBench
-from bench.options import add_options
-from bench.session import LoadBenchSession
+from bench.plugin.fixture import LoadBench
+from bench.plugin.options import add_options
+from bench.plugin.session import LoadBenchSession
 
 PLUGIN_NAME = "loadbench"
 
@@ -41,5 +41,5 @@ def get_session(config: pytest.Config) -> LoadBenchSession:
 
 @pytest.fixture
 def loadbench(benchmark: object, request: pytest.FixtureRequest) -> Iterator[LoadBench]:
-    """Train one case under pytest-benchmark with the load monitor; see bench/fixture.py."""
+    """Train one case under pytest-benchmark with the load monitor; see bench/plugin/fixture.py."""
     yield LoadBench(benchmark, get_session(request.config), request)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.compare import BaselineError
-from bench.compare import gpu_name
-from bench.compare import read_run
+from bench.plugin.compare import BaselineError
+from bench.plugin.compare import gpu_name
+from bench.plugin.compare import read_run
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Merge the run files of a sharded sweep into one run.
 
-    python -m bench.merge merged.json shard-1.json shard-2.json ...
+    python -m bench.tools.merge merged.json shard-1.json shard-2.json ...
 
 The shards must come from the same commit, GPU model and settings (shard aside)
 and must not repeat a case; the merged file is an ordinary pytest-benchmark run that
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.compare import RECORD_KEY
-from bench.compare import BaselineError
-from bench.compare import gpu_name
-from bench.compare import read_run
+from bench.plugin.compare import RECORD_KEY
+from bench.plugin.compare import BaselineError
+from bench.plugin.compare import gpu_name
+from bench.plugin.compare import read_run
 
 
 class MergeError(ValueError):
@@ -63,7 +63,7 @@ def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.merge", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.merge", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("shards", type=Path, nargs="+")
     args = parser.parse_args(argv)
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MergeError as exc:
         print(f"mlp-loadbench merge: {exc}", file=sys.stderr)
         return 2
-    from bench.report import write_atomic
+    from bench.tools.report import write_atomic
 
     write_atomic(args.out, json.dumps(merged, indent=2))
     print(f"merged {len(args.shards)} shards, {len(merged['benchmarks'])} benchmarks -> {args.out}")

@@ -1,0 +1,1 @@
+"""The load monitor: the sampler thread, its summaries and the per-case sample series."""

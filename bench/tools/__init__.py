@@ -1,0 +1,1 @@
+"""Tools that read saved runs: report, figures, merge, shards, bisect and the self-test."""
