@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from model.data import synthesize
 from model.data import write_csv
@@ -22,19 +25,23 @@ def test_other(loadbench):
     loadbench.run(Case("blocks", 3), width=32)
 """
 
-SLOWDOWN = """
-import time
+# Time is planted, not measured: each epoch lasts PLANTED_EPOCH_S (from the environment)
+# on the trainer's clock, with a fixed ripple of +-0.8%, however busy the machine is.
+PLANTED_CLOCK = """
+import itertools, os
 import pytest
 from model.train import Trainer
 
 @pytest.fixture(autouse=True)
-def slower_epochs(monkeypatch):
-    original = Trainer._fast_epoch
-    def slow(self):
-        time.sleep(0.05)
-        return original(self)
-    monkeypatch.setattr(Trainer, "_fast_epoch", slow)
+def planted_clock(monkeypatch):
+    seconds = float(os.environ.get("PLANTED_EPOCH_S", "0.1"))
+    ticks = itertools.count()
+    def clock():
+        epoch, stop = divmod(next(ticks), 2)
+        return epoch * 100 * seconds + stop * seconds * (1 + 0.004 * (epoch % 5 - 2))
+    monkeypatch.setattr(Trainer, "clock", staticmethod(clock))
 """
+CONFTEST = 'pytest_plugins = ["bench.plugin"]\n' + PLANTED_CLOCK
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +51,8 @@ def tiny_csv(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def bench(pytester: pytest.Pytester, tiny_csv: Path):
-    """Run the harness in pytester's directory on a tiny CSV."""
-    pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
+    """Run the harness in pytester's directory on a tiny CSV, with planted epoch times."""
+    pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=CASES)
 
     def run(*args: str, budgets: str | None = None) -> pytest.RunResult:
@@ -66,7 +73,7 @@ def saved_runs(pytester: pytest.Pytester) -> list[Path]:
 
 
 def test_violated_accuracy_budget_fails_that_test_only_and_keeps_its_record(bench, pytester) -> None:
-    result = bench("--benchmark-json=out.json", budgets='[cases."blocks-2"]\naccuracy_min = 0.99\n')
+    result = bench("--benchmark-json=out.json", budgets='[datasets."tiny.csv".cases."blocks-2"]\naccuracy_min = 0.99\n')
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*blocks-2: 1 budget(s) broken*", "*accuracy = * breaks its limit 0.99*"])
     records = {b["name"]: b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())["benchmarks"]}
@@ -94,26 +101,61 @@ def test_run_compared_with_itself_passes(bench, pytester) -> None:
     result = bench(f"--benchmark-compare={run}", budgets="[defaults]\naccuracy_drop_max = 0.0\n")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*vs baseline*", "*accuracy +0.0%*"])
+    compared = [line for line in result.stdout.lines if "accuracy +0.0%" in line]
+    assert compared and not any("!" in line for line in compared)  # nothing broke a limit: nothing marked
 
 
-def test_injected_slowdown_fails_the_time_gate(bench, pytester) -> None:
-    gate = "[defaults]\ntime_slower_pct = 10\ntime_alpha = 0.01\n"
-    bench("--benchmark-autosave", budgets=gate).assert_outcomes(passed=2)
+GATE = "[defaults]\ntime_slower_pct = 10\ntime_noise_k = 3\ntime_noise_unknown_pct = 25\ntime_alpha = 0.01\n"
+
+
+def test_injected_slowdown_fails_the_time_gate(bench, pytester, monkeypatch) -> None:
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.1")
+    bench("--benchmark-autosave", budgets=GATE).assert_outcomes(passed=2)
     (run,) = saved_runs(pytester)
-    pytester.makeconftest('pytest_plugins = ["bench.plugin"]\n' + SLOWDOWN)
-    result = bench(f"--benchmark-compare={run}", budgets=gate)
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.14")  # +40%: beyond the 25% assumed without history
+    result = bench(f"--benchmark-compare={run}", budgets=GATE)
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["*epoch_time_ratio = * breaks its limit 1.1*Mann-Whitney U p=*"])
+    result.stdout.fnmatch_lines(["*epoch_time_ratio = 1.4 breaks its limit 1.25*noise unknown*Mann-Whitney U p=*"])
+    result.stdout.fnmatch_lines(["*median +40.0%!*"])
 
 
-def test_baseline_from_another_gpu_does_not_gate(bench, pytester) -> None:
+def test_stored_history_sets_the_noise_bound(bench, pytester, monkeypatch) -> None:
+    """+15%: inside the conservative bound of a lone baseline; caught once three quiet
+    runs are stored (spread ~1%, so the 10% budget decides); passed again for a case
+    whose stored runs scatter by ~10%."""
+    def store(seconds: str) -> None:
+        monkeypatch.setenv("PLANTED_EPOCH_S", seconds)
+        bench("--benchmark-autosave", budgets=GATE).assert_outcomes(passed=2)
+
+    def compare(seconds: str) -> pytest.RunResult:
+        monkeypatch.setenv("PLANTED_EPOCH_S", seconds)
+        return bench(f"--benchmark-compare={saved_runs(pytester)[-1]}", budgets=GATE)
+
+    store("0.100")
+    lone = compare("0.115")
+    lone.assert_outcomes(passed=2)
+    lone.stdout.fnmatch_lines(["*time gate: noise bound unknown for 2 case(s)*"])
+    store("0.101")
+    store("0.099")
+    quiet = compare("0.1135")
+    quiet.assert_outcomes(failed=2)
+    quiet.stdout.fnmatch_lines(["*limit from budget 10%*run-to-run spread*3 stored run(s)*",
+                                "*time gate: 2 case(s) judged against their run-to-run spread*"])  # fmt: skip
+    store("0.112")
+    store("0.089")
+    store("0.100")
+    noisy = compare("0.115")  # +15% over the newest, inside 3 spreads (7.3%) of these six runs
+    noisy.assert_outcomes(passed=2)
+
+
+def test_baseline_from_another_gpu_does_not_gate(bench, pytester, monkeypatch) -> None:
     gate = "[defaults]\ntime_slower_pct = 10\ntime_hard_ratio = 1.5\n"
     bench("--benchmark-autosave", budgets=gate).assert_outcomes(passed=2)
     (run,) = saved_runs(pytester)
     saved = json.loads(run.read_text())
     saved["machine_info"]["loadbench"]["gpu"] = {"name": "NVIDIA H100 80GB HBM3"}
     run.write_text(json.dumps(saved))
-    pytester.makeconftest('pytest_plugins = ["bench.plugin"]\n' + SLOWDOWN)
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.3")
     result = bench(f"--benchmark-compare={run}", budgets=gate)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*measured on NVIDIA H100 80GB HBM3, this run on no GPU: shown, not gated*"])
@@ -163,6 +205,11 @@ def test_missing_budgets_file_is_named(bench) -> None:
         (["--dataset=missing.csv"], "*--dataset missing.csv: no such file*"),
         (["--loop=turbo"], "*--loop: invalid choice: 'turbo'*"),
         (["--epochs=-3"], "*'-3' is not a positive integer*"),
+        (["--shard=1/0"], "*'1/0': the shard count must be at least 1*"),
+        (["--shard=3/2"], "*'3/2': the shard index must be between 1 and 2*"),
+        (["--dataset=."], "*--dataset .: is a directory, not a CSV file*"),
+        (["--series-dir=conftest.py"], "*--series-dir conftest.py: is a file; give a directory*"),
+        (["--plant-slowdown=5:cpu"], "*'5:cpu': use a percentage in (0, 1000] and mode host or gpu*"),
     ],
 )
 def test_bad_options_give_usage_errors(pytester, args, message) -> None:
@@ -205,14 +252,16 @@ def test_corrupt_or_foreign_baseline_is_a_clear_error(bench, pytester, content, 
     assert message in result.stderr.str()
 
 
-def test_malformed_dataset_stops_the_session_with_its_message(pytester, tmp_path) -> None:
+def test_malformed_dataset_stops_the_session_at_start_up(pytester, tmp_path) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
     pytester.makepyfile(test_cases=CASES)
     bad = tmp_path / "bad.csv"
     bad.write_text("video_name,video_frame,skill_id\nv,0,FL\n")
     result = pytester.runpytest_subprocess("--device=cpu", f"--dataset={bad}")
-    result.stdout.fnmatch_lines(["*bad.csv: expected 75 feature columns*"])
-    assert result.ret != 0
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --dataset: *bad.csv: *"])
+    assert "fixture was not used" not in result.stdout.str() + result.stderr.str()
+    assert "passed" not in result.stdout.str()  # no case ran
 
 
 def test_out_of_memory_fails_the_case_with_its_configuration(bench, pytester) -> None:
@@ -232,3 +281,115 @@ def test_session_header_names_the_profile_and_why(pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
     result = pytester.runpytest_subprocess("--device=cpu", "--collect-only")
     result.stdout.fnmatch_lines(["*mlp-loadbench: profile smoke (default for this machine)*"])
+
+
+def test_compare_with_a_baseline_stored_outside_the_checkout_and_other_settings(bench, pytester, tmp_path_factory) -> None:
+    """The self-hosted workflow keeps its baselines outside the checkout: a baseline with
+    other settings (here epochs) there is shown, not gated, and nothing crashes."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    bench("--benchmark-autosave", f"--benchmark-storage={elsewhere}", "--epochs=3", budgets="").assert_outcomes(passed=2)
+    (run,) = sorted(elsewhere.glob("*/*.json"))
+    for compare in (f"--benchmark-compare={run}", "--benchmark-compare=0001"):
+        result = bench(f"--benchmark-storage={elsewhere}", compare, "--epochs=4", budgets="")
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+        result.assert_outcomes(passed=2)
+        result.stdout.fnmatch_lines(["*baseline ran epochs=3, this run epochs=4: shown, not gated*"])
+
+
+INTERRUPT_SECOND = """
+import pytest
+from model.train import Trainer
+
+@pytest.fixture(autouse=True)
+def ctrl_c_in_the_second_case(request, monkeypatch):
+    if request.node.name == "test_other":
+        def interrupted(self, *args, **kwargs):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(Trainer, "fit", interrupted)
+"""
+
+
+@pytest.mark.parametrize("save", ["--benchmark-json=out.json", "--benchmark-autosave"])
+def test_ctrl_c_saves_the_finished_cases_and_says_so(bench, pytester, save) -> None:
+    pytester.makeconftest(CONFTEST + INTERRUPT_SECOND)
+    result = bench(save, budgets="")
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert "min() arg is an empty sequence" not in output and "INTERNALERROR" not in output
+    result.stdout.fnmatch_lines(["*mlp-loadbench: interrupted: saved the finished cases; left out *test_other (cut short)"])
+    saved = pytester.path / "out.json" if "json" in save else saved_runs(pytester)[0]
+    names = [b["name"] for b in json.loads(saved.read_text())["benchmarks"]]
+    assert names == ["test_small"]
+
+
+def test_nothing_is_written_beside_an_unsaved_run(bench, pytester) -> None:
+    result = bench("--benchmark-json=out.json", budgets="")
+    result.assert_outcomes(passed=2)
+    assert (pytester.path / "runs" / "series").is_dir()  # a stored run keeps its series
+    (pytester.path / "out.json").unlink()
+    shutil.rmtree(pytester.path / "runs")
+    bench(budgets="").assert_outcomes(passed=2)
+    assert not (pytester.path / "runs" / "series").exists()
+    assert not list(pytester.path.rglob("*.csv"))
+
+
+def test_cpu_tables_print_gpu_figures_as_unavailable(bench, pytester) -> None:
+    result = bench("--benchmark-json=out.json", budgets="")
+    result.assert_outcomes(passed=2)
+    info = json.loads((pytester.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
+    normalized = info["load"]["normalized"]
+    assert normalized["gpu_busy"] is None and normalized["sm_activity"] is None and normalized["vram"] is None
+    header = next(line for line in result.stdout.lines if "GPU busy" in line)
+    row = next(line for line in result.stdout.lines if line.startswith("| 2 "))
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["GPU busy"] == cells["SM act."] == cells["VRAM MiB"] == cells["Energy J"] == "n/a"
+    assert cells["CPU"] != "n/a"
+
+
+def test_a_users_dataset_gets_no_floors_set_for_the_embedded_data(bench, pytester) -> None:
+    floors = '[datasets.synthetic.defaults]\naccuracy_min = 0.99\n'
+    result = bench(budgets=floors)
+    result.assert_outcomes(passed=2)  # 0.99 was set for the generator, not for tiny.csv
+    result.stdout.fnmatch_lines(["*no floors or ceilings for dataset 'tiny.csv' in *budgets.toml (it sets them for: synthetic)*"])
+    result.stdout.fnmatch_lines(["*profile smoke: every frame of tiny.csv, 8 epochs*"])
+
+
+def test_planted_slowdown_is_a_fraction_of_each_measured_epoch(monkeypatch) -> None:
+    import bench.plugin.plant as plant_module
+    from bench.plugin.options import parse_plant
+
+    clock = iter([10.0, 10.5, 20.0, 20.2])  # two epochs of 0.5 s and 0.2 s
+    slept: list[float] = []
+    monkeypatch.setattr(plant_module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(plant_module.time, "sleep", slept.append)
+    trainer = types.SimpleNamespace(_epoch=lambda: 1.25, device=torch.device("cpu"))
+    plant_module.plant_slowdown(trainer, parse_plant("10"))
+    assert [trainer._epoch(), trainer._epoch()] == [1.25, 1.25]
+    assert slept == pytest.approx([0.05, 0.02])
+    assert str(parse_plant("15:gpu")) == "15%:gpu"
+
+
+EXTRA_KERNEL = """
+import torch
+from model.train import Trainer
+
+_step = Trainer.step
+
+def step_with_an_extra_op(self, x, y):
+    torch.cumsum(torch.ones(4_000_000), 0)
+    return _step(self, x, y)
+
+Trainer.step = step_with_an_extra_op
+"""
+
+
+def test_traced_regression_names_the_op_that_grew(bench, pytester, monkeypatch) -> None:
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.1")
+    bench("--benchmark-autosave", "--kernel-trace", "-k", "test_small", budgets=GATE).assert_outcomes(passed=1)
+    info = json.loads(saved_runs(pytester)[0].read_text())["benchmarks"][0]["extra_info"]
+    assert info["kernel_trace"]["device"] == "cpu" and info["kernel_trace"]["rows"]
+    pytester.makeconftest(CONFTEST + EXTRA_KERNEL)
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.15")
+    result = bench(f"--benchmark-compare={saved_runs(pytester)[0]}", "--kernel-trace", "-k", "test_small", budgets=GATE)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*epoch_time_ratio = 1.5 breaks*", "*kernels that grew most:*", "*aten::cumsum (new:*"])

@@ -6,6 +6,13 @@ Layout (every table optional; later ones override earlier ones):
     [experiments.<name>]            e.g. [experiments.opt]
     [cases."<case id>"]             e.g. [cases."opt-rmsprop"]
     [profiles.<profile>.defaults]   then .experiments.<name>, then .cases."<id>"
+    [datasets.<dataset>. ...]       the same six levels again, for one dataset
+
+Floors and ceilings (accuracy, F1, memory, energy) only mean something for the
+data they were set on, so they live under ``[datasets.<name>]`` only: ``synthetic``
+for the embedded generator, a CSV's file name (``[datasets."frames.csv"]``) for a
+user's data. A dataset the file does not name gets no floors or ceilings, and the
+summary says so; limits against a baseline (time, drops, growth) apply to any data.
 
 Each check is a pure function of the case's record and returns a `Failure` (or
 None); the fixture raises them inside the test, so exactly that test fails and its
@@ -49,7 +56,9 @@ class Budget:
     rss_peak_mib_max: float | None = None
     energy_per_epoch_j_max: float | None = None  # where the GPU has an energy counter
     # limits against a baseline run (--benchmark-compare)
-    time_slower_pct: float | None = None  # median epoch time, when also significant
+    time_slower_pct: float | None = None  # median epoch time, when also beyond noise and significant
+    time_noise_k: float | None = None  # how many run-to-run spreads a slowdown must exceed (default 3)
+    time_noise_unknown_pct: float | None = None  # the spread assumed without history (default 25)
     time_alpha: float | None = None  # one-sided Mann-Whitney U level
     time_hard_ratio: float | None = None  # fails on effect size alone, however few samples
     accuracy_drop_max: float | None = None  # absolute
@@ -65,9 +74,17 @@ _RANGES = {  # key: (low, high) accepted
     "accuracy_drop_max": (0.0, 1.0),
     "macro_f1_drop_max": (0.0, 1.0),
     "time_hard_ratio": (1.0, 1e6),
+    "time_noise_k": (0.0, 100.0),
 }
 KEYS = tuple(f.name for f in fields(Budget))
+# Floors and ceilings: set for one dataset, so allowed only under [datasets.<name>].
+DATASET_KEYS = ("accuracy_min", "macro_f1_min", "vram_peak_mib_max", "rss_peak_mib_max", "energy_per_epoch_j_max")
 LEVELS = ("defaults", "experiments", "cases")
+
+
+def dataset_key(dataset: str) -> str:
+    """How a budgets file names a dataset: 'synthetic', or a CSV's file name."""
+    return dataset if dataset == "synthetic" else Path(dataset).name
 
 
 @dataclass(frozen=True)
@@ -106,13 +123,26 @@ class Budgets:
         _validate(tables, path)
         return cls(tables, path)
 
-    def resolve(self, profile: str, experiment: str, case_id: str) -> Budget:
+    def resolve(self, profile: str, experiment: str, case_id: str, dataset: str = "synthetic") -> Budget:
         merged: dict[str, float] = {}
-        for scope in (self.tables, self.tables.get("profiles", {}).get(profile, {})):
-            merged.update(scope.get("defaults", {}))
-            merged.update(scope.get("experiments", {}).get(experiment, {}))
-            merged.update(scope.get("cases", {}).get(case_id, {}))
+        for root in (self.tables, self.tables.get("datasets", {}).get(dataset_key(dataset), {})):
+            for scope in (root, root.get("profiles", {}).get(profile, {})):
+                merged.update(scope.get("defaults", {}))
+                merged.update(scope.get("experiments", {}).get(experiment, {}))
+                merged.update(scope.get("cases", {}).get(case_id, {}))
         return Budget(**{k: float(v) for k, v in merged.items()})
+
+    def datasets(self) -> list[str]:
+        """The datasets this file sets floors and ceilings for."""
+        return sorted(self.tables.get("datasets", {}))
+
+    def covers(self, dataset: str) -> bool:
+        return dataset_key(dataset) in self.tables.get("datasets", {})
+
+
+def _bare(key: str) -> str:
+    """A TOML key as it is written in a table header: quoted unless it is a bare key."""
+    return key if key.replace("_", "").isalnum() else f'"{key}"'
 
 
 def _validate(tables: dict[str, Any], path: Path) -> None:
@@ -123,32 +153,36 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
         close = difflib.get_close_matches(name, list(allowed), n=1)  # type: ignore[arg-type]
         return f" (did you mean {close[0]!r}?)" if close else ""
 
-    def check_limits(where: str, table: object) -> None:
+    def check_limits(where: str, table: object, in_dataset: bool) -> None:
         if not isinstance(table, dict):
             fail(where, "must be a table of limits")
         for key, value in table.items():  # type: ignore[union-attr]
             if key not in KEYS:
                 fail(where, f"unknown key {key!r}{hint(key, KEYS)}; known keys: {', '.join(KEYS)}")
+            if key in DATASET_KEYS and not in_dataset:
+                fail(where, f"{key} is a floor or ceiling, which holds for one dataset: set it under "
+                            f"[datasets.synthetic.{where}] (the embedded data) or [datasets.\"FILE.csv\".{where}]")  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 fail(where, f"{key} = {value!r} must be a number")
             low, high = _RANGES.get(key, (0.0, float("inf")))
             if not low <= value <= high:
                 fail(where, f"{key} = {value!r} must be between {low:g} and {high:g}")
 
-    def check_scope(prefix: str, scope: dict[str, Any], allow_profiles: bool) -> None:
+    def check_scope(prefix: str, scope: dict[str, Any], allow_profiles: bool, in_dataset: bool) -> None:
         for name, table in scope.items():
             where = f"{prefix}{name}"
             if name == "defaults":
-                check_limits(where, table)
+                check_limits(where, table, in_dataset)
             elif name in ("experiments", "cases"):
                 allowed = EXPERIMENTS if name == "experiments" else CASE_IDS
                 if not isinstance(table, dict):
                     fail(where, "must be a table")
                 for key, limits in table.items():
+                    inner = f"{where}.{_bare(key)}"
                     if key not in allowed:
                         what = "experiment" if name == "experiments" else "case id"
-                        fail(f"{where}.{key}", f"unknown {what} {key!r}{hint(key, allowed)}")
-                    check_limits(f"{where}.{key}", limits)
+                        fail(inner, f"unknown {what} {key!r}{hint(key, allowed)}")
+                    check_limits(inner, limits, in_dataset)
             elif name == "profiles" and allow_profiles:
                 if not isinstance(table, dict):
                     fail(where, "must be a table")
@@ -157,12 +191,19 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                         fail(f"{where}.{profile}", f"unknown profile {profile!r}{hint(profile, PROFILES)}")
                     if not isinstance(inner, dict):
                         fail(f"{where}.{profile}", "must be a table")
-                    check_scope(f"profiles.{profile}.", inner, allow_profiles=False)
+                    check_scope(f"{prefix}profiles.{profile}.", inner, allow_profiles=False, in_dataset=in_dataset)
+            elif name == "datasets" and not in_dataset and not prefix:
+                if not isinstance(table, dict):
+                    fail(where, "must be a table")
+                for dataset, inner in table.items():
+                    if not isinstance(inner, dict):
+                        fail(f"{where}.{_bare(dataset)}", "must be a table")
+                    check_scope(f"datasets.{_bare(dataset)}.", inner, allow_profiles=True, in_dataset=True)
             else:
-                allowed = LEVELS + (("profiles",) if allow_profiles else ())
+                allowed = LEVELS + (("profiles",) if allow_profiles else ()) + (("datasets",) if not prefix else ())
                 fail(where, f"unknown table {name!r}{hint(name, allowed)}; expected one of {', '.join(allowed)}")
 
-    check_scope("", tables, allow_profiles=True)
+    check_scope("", tables, allow_profiles=True, in_dataset=False)
 
 
 # ------------------------------------------------------------------------ checks

@@ -3,29 +3,51 @@ gate this run, and judge each case's metrics against it, direction-aware.
 
 pytest-benchmark finds and loads the baseline file (and compares time statistics
 with --benchmark-compare-fail); it skips a file it cannot parse with a warning and
-keeps no extra_info rules, so the reading and judging of our metrics is here.
+keeps no extra_info rules, so the reading and judging of our metrics is here. The
+report judges a run against the one before it with these same functions.
 
-Time is judged on the per-epoch samples after the first epoch: a case regressed
-only when the median ratio exceeds the budget's ``time_slower_pct`` *and* a
-one-sided Mann-Whitney U test says the slowdown is significant at ``time_alpha``
-(or when ``time_hard_ratio`` is exceeded, whatever the sample count).
+Time is judged against the case's own run-to-run noise (`check_time`). A run is
+slow throughout or fast throughout far more often than its epochs scatter inside
+it, so the epochs of one run are not independent samples of its speed; what varies
+between runs is estimated from runs of the case: the stored history (earlier runs
+on the same GPU model with the same settings) and the rounds of this run where the
+profile times several. A case regressed only when its median epoch ratio exceeds
+the larger of the budget's ``time_slower_pct`` and ``time_noise_k`` times that
+spread, *and* a one-sided Mann-Whitney U test on the epochs says the slowdown is
+real within the run (``time_alpha``). With fewer than ``MIN_NOISE_DOF + 1`` run
+medians the spread is unknown, and ``time_noise_unknown_pct`` stands in for it.
+``time_hard_ratio`` fails on the median ratio alone.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from scipy.stats import mannwhitneyu
 
+from bench.monitor.trace import KernelTable
+from bench.monitor.trace import describe
+from bench.monitor.trace import diff
+
 from bench.plugin.budgets import Budget
 from bench.plugin.budgets import Failure
 
 RECORD_KEY = "loadbench"  # machine_info key and extra_info marker of our runs
+# What must match for a stored run to count in a case's noise history.
+HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "precision", "plant")
+MAX_HISTORY = 10  # newest stored runs used for the noise estimate
+MIN_NOISE_DOF = 2  # degrees of freedom before a spread counts as known (3 runs, or 2 + 2 rounds)
+DEFAULT_NOISE_K = 3.0
+DEFAULT_UNKNOWN_NOISE_PCT = 25.0
+DEFAULT_ALPHA = 0.01
 
 
 class BaselineError(ValueError):
@@ -40,6 +62,7 @@ class Baseline:
     gating: bool = True
     reason: str = ""  # why it does not gate
     notes: list[str] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # stored runs for the noise estimate, oldest first
 
     @property
     def gpu(self) -> str:
@@ -80,6 +103,38 @@ def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any])
     return baseline
 
 
+def comparable(run: dict[str, Any], baseline_run: dict[str, Any]) -> bool:
+    """Whether a stored run measured what the baseline measured: same GPU model and settings."""
+    ours, theirs = run["machine_info"][RECORD_KEY], baseline_run["machine_info"][RECORD_KEY]
+    if gpu_name(run["machine_info"]) != gpu_name(baseline_run["machine_info"]):
+        return False
+    mine, base = ours.get("settings", {}), theirs.get("settings", {})
+    return all(mine.get(key) == base.get(key) for key in HISTORY_SETTINGS)
+
+
+def load_history(baseline_path: Path, baseline_run: dict[str, Any], candidates: Sequence[Path]) -> list[dict[str, Any]]:
+    """The stored runs that tell a case's run-to-run noise: the baseline and the newest
+    earlier runs beside it or in the storage, on the same GPU model with the same
+    settings, oldest first. Files that are not our runs are passed over."""
+    runs = {baseline_path.resolve(): baseline_run}
+    for path in candidates:
+        if path.resolve() in runs:
+            continue
+        try:
+            run = read_run(path)
+        except BaselineError:
+            continue
+        if comparable(run, baseline_run) and str(run.get("datetime", "")) <= str(baseline_run.get("datetime", "")):
+            runs[path.resolve()] = run
+    ordered = sorted(runs.values(), key=lambda run: str(run.get("datetime", "")))
+    return ordered[-MAX_HISTORY:]
+
+
+def case_history(runs: Sequence[dict[str, Any]], fullname: str) -> list[dict[str, Any]]:
+    """The extra_info records of one case across stored runs."""
+    return [b.get("extra_info", {}) for run in runs for b in run["benchmarks"] if b.get("fullname") == fullname]
+
+
 # ------------------------------------------------------------------------ checks
 
 
@@ -88,7 +143,69 @@ def time_samples(extra_info: dict[str, Any]) -> list[float]:
     return [s for round_ in extra_info.get("epoch_seconds_by_round", []) for s in round_[1:]]
 
 
-def check_time(budget: Budget, current: dict[str, Any], baseline: dict[str, Any]) -> list[Failure]:
+def round_medians(extra_info: dict[str, Any]) -> list[float]:
+    """The median steady epoch of each timed round: one sample of the case's speed per round."""
+    return [statistics.median(r[1:]) for r in extra_info.get("epoch_seconds_by_round", []) if len(r) > 1]
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A case's run-to-run spread: the standard deviation of log run medians, pooled."""
+
+    spread: float | None  # relative (0.01 = 1%); None when too few runs to tell
+    runs: int  # run medians it was estimated from
+    source: str  # where they came from, for messages
+
+    @property
+    def known(self) -> bool:
+        return self.spread is not None
+
+
+def estimate_noise(history: Sequence[dict[str, Any]], current: dict[str, Any] | None = None) -> Noise:
+    """Run-to-run spread of one case from stored runs (`history`, extra_info records) and
+    the rounds of `current`. The history's run medians form one group and the current
+    run's rounds another; each group's squared log deviations from its own mean are
+    pooled, so a run that is simply faster than the history does not widen the spread.
+    """
+    groups = [[m for record in history for m in round_medians(record)]]
+    if current is not None:
+        groups.append(round_medians(current))
+    squares, dof, runs = 0.0, 0, 0
+    for group in groups:
+        logs = [math.log(m) for m in group if m > 0]
+        runs += len(logs)
+        if len(logs) >= 2:
+            mean = sum(logs) / len(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            dof += len(logs) - 1
+    parts = [f"{len(history)} stored run(s)"] + ([f"{len(groups[1])} round(s) of this run"] if current else [])
+    source = " and ".join(parts)
+    if dof < MIN_NOISE_DOF:
+        return Noise(None, runs, source)
+    return Noise(math.sqrt(squares / dof), runs, source)
+
+
+def time_limit(budget: Budget, noise: Noise) -> tuple[float, str]:
+    """The relative slowdown a case may show before it fails, and the rule that set it."""
+    pct = budget.time_slower_pct or 0.0
+    if noise.known:
+        k = budget.time_noise_k if budget.time_noise_k is not None else DEFAULT_NOISE_K
+        bound = k * noise.spread  # type: ignore[operator]
+        rule = f"{k:g} x run-to-run spread {noise.spread:.2%} from {noise.source}"
+    else:
+        bound = (budget.time_noise_unknown_pct if budget.time_noise_unknown_pct is not None
+                 else DEFAULT_UNKNOWN_NOISE_PCT) / 100  # fmt: skip
+        rule = f"noise unknown ({noise.source}; needs {MIN_NOISE_DOF + 1} run medians): assumed {bound:.0%}"
+    if pct / 100 >= bound:
+        return pct / 100, f"budget {pct:g}% (above {rule})"
+    return bound, rule
+
+
+def check_time(
+    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+) -> list[Failure]:
+    """Judge the median epoch against the baseline's; `history` holds stored records of
+    the same case (the baseline among them) for its run-to-run noise."""
     now, then = time_samples(current), time_samples(baseline)
     if not now or not then:
         return []
@@ -97,19 +214,19 @@ def check_time(budget: Budget, current: dict[str, Any], baseline: dict[str, Any]
         return [Failure("epoch_time_ratio", ratio, budget.time_hard_ratio, 1.0, "hard ceiling on the median ratio")]
     if budget.time_slower_pct is None:
         return []
-    limit = 1 + budget.time_slower_pct / 100
-    if ratio <= limit:
+    limit, rule = time_limit(budget, estimate_noise(history or [baseline], current))
+    if ratio <= 1 + limit:
         return []
-    alpha = budget.time_alpha if budget.time_alpha is not None else 0.01
     if current.get("throttled") or baseline.get("throttled"):
         return []  # inconclusive: clocks were held down
+    alpha = budget.time_alpha if budget.time_alpha is not None else DEFAULT_ALPHA
     p = float(mannwhitneyu(now, then, alternative="greater").pvalue)
     if p >= alpha:
-        return []  # not significant (with n <= 3 per side it never can be)
+        return []  # not significant within the run (with n <= 3 per side it never can be)
     return [
         Failure(
-            "epoch_time_ratio", ratio, limit, 1.0,
-            f"median epoch {statistics.median(now):.4g} s vs {statistics.median(then):.4g} s, "
+            "epoch_time_ratio", ratio, 1 + limit, 1.0,
+            f"median epoch {statistics.median(now):.4g} s vs {statistics.median(then):.4g} s; limit from {rule}; "
             f"Mann-Whitney U p={p:.2g} < {alpha:g} over {len(now)} vs {len(then)} epochs",
         )
     ]  # fmt: skip
@@ -142,9 +259,14 @@ def check_growth(budget: Budget, current: dict[str, Any], baseline: dict[str, An
     return out
 
 
-def check_against(budget: Budget, current: dict[str, Any], baseline: dict[str, Any]) -> list[Failure]:
-    return check_time(budget, current, baseline) + check_drops(budget, current, baseline) + check_growth(
-        budget, current, baseline
+def check_against(
+    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+) -> list[Failure]:
+    """Every limit against a baseline record; `history`: stored records of the case for its noise."""
+    return (
+        check_time(budget, current, baseline, history=history)
+        + check_drops(budget, current, baseline)
+        + check_growth(budget, current, baseline)
     )
 
 
@@ -158,6 +280,27 @@ DIRECTIONS = {
     "rss_peak_mib": -1,
     "energy_per_epoch_j": -1,
 }
+
+
+def explain(failure: Failure, current: dict[str, Any], baseline: dict[str, Any], top: int = 5) -> Failure:
+    """A time failure with the kernels whose time grew most, where both runs hold a trace."""
+    if failure.metric != "epoch_time_ratio" or not current.get("kernel_trace") or not baseline.get("kernel_trace"):
+        return failure
+    try:
+        lines = describe(diff(KernelTable.from_dict(current["kernel_trace"]),
+                              KernelTable.from_dict(baseline["kernel_trace"]), top=top))  # fmt: skip
+    except ValueError as exc:
+        lines = [f"kernel traces not compared: {exc}"]
+    grown = "\n    kernels that grew most:\n      " + "\n      ".join(lines) if lines else "; no kernel grew"
+    return replace(failure, detail=failure.detail + grown)
+
+
+# The metric of DIRECTIONS each kind of Failure concerns (floors and ceilings use the metric's own name).
+FAILURE_METRICS = {"epoch_time_ratio": "median_epoch_s", "accuracy_drop": "accuracy", "macro_f1_drop": "macro_f1"}
+
+
+def failed_metrics(failures: Sequence[Failure]) -> set[str]:
+    return {FAILURE_METRICS.get(f.metric, f.metric) for f in failures}
 
 
 def deltas(current: dict[str, Any], baseline: dict[str, Any]) -> dict[str, tuple[float, bool]]:

@@ -22,9 +22,15 @@ from bench.plugin.budgets import Failure
 from bench.plugin.budgets import check_ceilings
 from bench.plugin.budgets import check_floors
 from bench.cases import Case
+from bench.plugin.compare import case_history
 from bench.plugin.compare import check_against
 from bench.plugin.compare import deltas
+from bench.plugin.compare import estimate_noise
+from bench.plugin.compare import time_limit
 from bench.plugin.compare import time_samples
+from bench.monitor.trace import profile_trainer
+from bench.plugin.compare import explain
+from bench.plugin.plant import plant_slowdown
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import LoadMonitor
 from bench.monitor.series import safe_name
@@ -76,6 +82,8 @@ class LoadBench:
                 # What other live objects (the dataset) hold is not this case's.
                 self.allocated_before = torch.cuda.memory_allocated(options.device)
             trainers.append(Trainer(config, data))
+            if options.plant is not None:
+                plant_slowdown(trainers[-1], options.plant)
             return (trainers[-1],), {}
 
         def fit(trainer: Trainer) -> None:
@@ -91,6 +99,8 @@ class LoadBench:
                 pytrace=False,
             )
         result = trainers[-1].result()
+        if options.trace:  # after the timed window, before the trainer lets go of its model
+            self.benchmark.extra_info["kernel_trace"] = profile_trainer(trainers[-1]).to_dict()
         record = self._record(case, config, result, trainers, monitor)
         trainers[-1].release()
         self.benchmark.extra_info.update(record)
@@ -132,9 +142,10 @@ class LoadBench:
         load = summarize_monitor(monitor, epochs)
         cuda = options.device.type == "cuda"
         rss = load["fields"]["rss_mib"]  # type: ignore[index]
-        series = write_series(
-            session.series_dir / f"{safe_name(self.request.node.name)}.csv", list(monitor.samples)
-        )
+        folder = session.series_dir
+        series = None
+        if folder is not None:
+            series = write_series(folder / f"{safe_name(self.request.node.name)}.csv", list(monitor.samples))
         throttle = load["throttle"]
         return {
             "profile": options.profile.name,
@@ -164,20 +175,33 @@ class LoadBench:
             "energy_per_epoch_j": load["energy_per_epoch_j"],
             "throttled": bool(throttle and throttle["throttled"]),  # type: ignore[index]
             "load": load,
-            "series_path": str(series),
+            "series_path": str(series) if series else None,  # None: the run is not stored
+            "planted_slowdown": str(options.plant) if options.plant else None,
         }
 
     def _judge(self, case: Case, record: dict[str, Any]) -> None:
         session = self.session
-        budget = session.budgets.resolve(session.options.profile.name, case.experiment, case.id)
+        options = session.options
+        budget = session.budgets.resolve(options.profile.name, case.experiment, case.id, options.dataset)
         failures: list[Failure] = check_floors(budget, record) + check_ceilings(budget, record)
-        entry: dict[str, Any] = {"case": case, "record": record, "failures": failures, "deltas": None}
+        entry: dict[str, Any] = {"case": case, "record": record, "failures": failures, "deltas": None, "noise": None}
         found = session.baseline_for(self.benchmark.fullname)
         if found is not None:
             baseline, saved = found
+            history = case_history(baseline.history, self.benchmark.fullname) or [saved.get("extra_info", {})]
             entry["deltas"] = deltas(record, saved.get("extra_info", {}))
+            noise = estimate_noise(history, record)
+            entry["noise"] = noise
+            record["time_gate"] = {  # how this case's time was judged, for the record and the report
+                "limit": time_limit(budget, noise)[0] if budget.time_slower_pct is not None else None,
+                "spread": noise.spread,
+                "runs": noise.runs,
+                "source": noise.source,
+            }
+            self.benchmark.extra_info["time_gate"] = record["time_gate"]
             if baseline.gating:
-                failures += check_against(budget, record, saved.get("extra_info", {}))
+                found_failures = check_against(budget, record, saved.get("extra_info", {}), history=history)
+                failures += [explain(f, self.benchmark.extra_info, saved.get("extra_info", {})) for f in found_failures]
         session.records.append(entry)
         if failures:
             lines = "\n".join(f"  {f.message}" for f in failures)

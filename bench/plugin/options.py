@@ -53,9 +53,35 @@ def parse_shard(value: str) -> tuple[int, int]:
         index, count = (int(part) for part in value.split("/"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a shard: use i/n, e.g. 1/4") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: the shard count must be at least 1")
     if not 1 <= index <= count:
-        raise argparse.ArgumentTypeError(f"{value!r}: the shard index must be between 1 and {max(count, 1)}")
+        raise argparse.ArgumentTypeError(f"{value!r}: the shard index must be between 1 and {count}")
     return index, count
+
+
+@dataclass(frozen=True)
+class Plant:
+    """A slowdown planted inside every timed epoch, for the gate's self-test."""
+
+    fraction: float  # 0.05: each epoch takes 5% longer
+    mode: str  # 'host': the host sleeps; 'gpu': the device spins
+
+    def __str__(self) -> str:
+        return f"{100 * self.fraction:g}%:{self.mode}"
+
+
+def parse_plant(value: str) -> Plant:
+    """'PCT[:host|gpu]', e.g. '5' or '15:gpu'."""
+    pct, _, mode = value.partition(":")
+    mode = mode or "host"
+    try:
+        fraction = float(pct) / 100
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a slowdown: use PCT[:host|gpu], e.g. 5:gpu") from None
+    if mode not in ("host", "gpu") or not 0 < fraction <= 10:
+        raise argparse.ArgumentTypeError(f"{value!r}: use a percentage in (0, 1000] and mode host or gpu")
+    return Plant(fraction, mode)
 
 
 def parse_positive_int(value: str) -> int:
@@ -88,7 +114,13 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--shard", type=parse_shard, default=None, metavar="I/N",
                     help="run the I-th of N deterministic shards of the collected cases (1-based)")
     group.addoption("--shard-durations", default=None, metavar="RUN.json",
-                    help="with --shard: balance the shards by each case's time in this earlier run")  # fmt: skip
+                    help="with --shard: balance the shards by each case's time in this earlier run")
+    group.addoption("--kernel-trace", action="store_true", default=False,
+                    help="after each case, profile a few steady epochs and store the kernel table; "
+                         "a time regression against a traced baseline names the kernels that grew")
+    group.addoption("--plant-slowdown", type=parse_plant, default=None, metavar="PCT[:host|gpu]",
+                    help="make every timed epoch PCT%% slower (host sleep or GPU spin): tests the time gate; "
+                         "recorded in the run's settings")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -105,6 +137,8 @@ class Options:
     series_dir: Path | None
     epochs: int
     strict_fp32: str  # how impl=triton runs fp32 at 'highest': 'ieee' or 'tf32x3'
+    plant: Plant | None
+    trace: bool
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
@@ -113,9 +147,13 @@ class Options:
         name = config.getoption("profile")
         profile = PROFILES[name or ("quick" if gpu else "smoke")]
         dataset = config.getoption("dataset")
+        if dataset != "synthetic" and Path(dataset).is_dir():
+            raise pytest.UsageError(f"--dataset {dataset}: is a directory, not a CSV file")
         if dataset != "synthetic" and not Path(dataset).is_file():
             raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
         series = config.getoption("series_dir")
+        if series and Path(series).exists() and not Path(series).is_dir():
+            raise pytest.UsageError(f"--series-dir {series}: is a file; give a directory for the sample series")
         try:
             from kernels.linear_act import STRICT_FP32
         except ValueError as exc:  # a bad LOADBENCH_STRICT_FP32
@@ -133,17 +171,24 @@ class Options:
             series_dir=Path(series) if series else None,
             epochs=config.getoption("epochs") or profile.epochs,
             strict_fp32=STRICT_FP32,
+            plant=config.getoption("plant_slowdown"),
+            trace=config.getoption("kernel_trace"),
         )
 
     def header(self) -> str:
         default = " (default for this machine)" if self.profile_was_default else ""
+        about = self.profile.about
+        if self.dataset != "synthetic":  # the profile's frame fraction shrinks only the generator
+            about = f"every frame of {Path(self.dataset).name}, {self.profile.epochs} epochs"
         line = (
-            f"mlp-loadbench: profile {self.profile.name}{default}: {self.profile.about}; "
+            f"mlp-loadbench: profile {self.profile.name}{default}: {about}; "
             f"epochs {self.epochs}, device {self.device}, loop {self.loop}, impl {self.impl}, "
             f"precision {self.precision}, dataset {self.dataset}"
         )
         if self.impl == "triton" and self.precision == "fp32":
             line += f", strict fp32 kernel {self.strict_fp32}"
+        if self.plant is not None:
+            line += f"\nmlp-loadbench: PLANTED SLOWDOWN {self.plant} in every timed epoch (--plant-slowdown)"
         if self.impl == "triton" and self.device.type == "cpu":
             line += (
                 "\nmlp-loadbench: --impl triton on a CPU runs Triton's interpreter, about 20 s per "

@@ -18,18 +18,23 @@ import torch
 
 from bench.plugin.budgets import Budgets
 from bench.plugin.budgets import BudgetError
+from bench.monitor.sampler import GpuProbe
+from bench.plugin.budgets import dataset_key
 from bench.plugin.compare import RECORD_KEY
 from bench.plugin.compare import Baseline
 from bench.plugin.compare import BaselineError
+from bench.plugin.compare import load_history
 from bench.plugin.compare import make_baseline
 from bench.plugin.compare import read_run
 from bench.plugin.options import Options
-from bench.monitor.sampler import GpuProbe
 from bench.tools.shards import assign
 from bench.tools.shards import durations_of
 from model.data import DataError
 from model.data import Dataset
-from model.data import load_dataset
+from model.data import Frames
+from model.data import load_frames
+from model.data import split_by_video
+from model.data import to_device
 
 
 def _version(package: str) -> str | None:
@@ -50,12 +55,20 @@ class LoadBenchSession:
         except BudgetError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.shard_durations = self._read_shard_durations()
+        self._frames: Frames | None = None
+        if self.options.dataset != "synthetic":  # a bad CSV stops the session before any case runs
+            try:
+                self._frames = load_frames(self.options.dataset)
+                split_by_video(self._frames)
+            except DataError as exc:
+                raise pytest.UsageError(f"--dataset: {exc}") from None
         self.probe = GpuProbe.open(self.options.device)
         self.baselines: list[Baseline] = []
         self.baseline_messages: list[str] = []
         self.records: list[dict[str, Any]] = []  # one per case run, for the summary
         self.shared: dict[str, Any] = {}  # measurements later cases of the session compare with
-        self._datasets: dict[tuple[str, float, str], Dataset] = {}
+        self._dataset: Dataset | None = None
+        self.interrupted: list[str] = []  # cases left out of the saved run by an interrupt
         self.started = datetime.datetime.now(datetime.timezone.utc)
 
     # ------------------------------------------------------------- facts
@@ -89,23 +102,33 @@ class LoadBenchSession:
             "monitor_period_s": o.monitor_period,
             "shard": f"{shard[0]}/{shard[1]}" if shard else None,
             "shard_durations": self.config.getoption("shard_durations") if shard else None,
+            "plant": str(o.plant) if o.plant else None,
         }
 
     def dataset(self) -> Dataset:
-        o = self.options
-        key = (o.dataset, o.profile.scale, str(o.device))
-        if key not in self._datasets:
-            scale = o.profile.scale if o.dataset == "synthetic" else 1.0
+        """The session's dataset on its device, made on first use (the split can still fail)."""
+        if self._dataset is None:
+            o = self.options
             try:
-                self._datasets[key] = load_dataset(o.dataset, scale=scale, device=o.device)
+                frames = self._frames or load_frames("synthetic", scale=o.profile.scale)
+                self._dataset = to_device(frames, o.device)
             except DataError as exc:
                 pytest.exit(f"mlp-loadbench: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-        return self._datasets[key]
+        return self._dataset
 
     @property
-    def series_dir(self) -> Path:
+    def saving(self) -> bool:
+        """Whether this run is stored (pytest-benchmark's save, autosave or json options)."""
+        opt = self.config.getoption
+        return bool(opt("benchmark_save", None) or opt("benchmark_autosave", None) or opt("benchmark_json", None))
+
+    @property
+    def series_dir(self) -> Path | None:
+        """Where sample series go: --series-dir, or beside a stored run; None when nothing is stored."""
         if self.options.series_dir is not None:
             return self.options.series_dir
+        if not self.saving:
+            return None
         storage = getattr(getattr(self.config, "_benchmarksession", None), "storage", None)
         root = Path(getattr(storage, "path", ".benchmarks"))
         return root / "series" / self.started.strftime("%Y%m%d_%H%M%S")
@@ -148,6 +171,7 @@ class LoadBenchSession:
             commit_info["id"] = sha
             commit_info.pop("error", None)
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_benchmark_compare_machine_info(
         self, config: pytest.Config, benchmarksession: Any, machine_info: dict[str, Any], compared_benchmark: Any
     ) -> None:
@@ -159,7 +183,7 @@ class LoadBenchSession:
         baseline = make_baseline(name, compared_benchmark, machine_info)
         theirs = compared_benchmark["machine_info"][RECORD_KEY].get("settings", {})
         ours = self.settings()
-        for key in ("profile", "epochs", "dataset"):
+        for key in ("profile", "epochs", "dataset", "plant"):
             if baseline.gating and theirs.get(key) != ours[key]:
                 baseline.gating = False
                 baseline.reason = f"baseline ran {key}={theirs.get(key)!r}, this run {key}={ours[key]!r}: shown, not gated"
@@ -168,7 +192,8 @@ class LoadBenchSession:
         self.baselines.append(baseline)
 
     def check_baseline_files(self) -> None:
-        """Fail at start-up on a baseline pytest-benchmark would silently skip."""
+        """Fail at start-up on a baseline pytest-benchmark would silently skip, and find
+        each baseline's history: the stored runs that tell each case's run-to-run noise."""
         bs = getattr(self.config, "_benchmarksession", None)
         compare = self.config.getoption("benchmark_compare", None)
         if not compare or bs is None or not hasattr(bs.storage, "query"):
@@ -185,11 +210,19 @@ class LoadBenchSession:
                 return
         if not files:
             raise pytest.UsageError(f"--benchmark-compare {compare}: no saved run matches in {bs.storage}")
+        runs = []
         for file in files:
             try:
-                read_run(Path(file))
+                runs.append((Path(file), read_run(Path(file))))
             except BaselineError as exc:
                 raise pytest.UsageError(str(exc)) from None
+        stored = [Path(f) for f in bs.storage.query() if Path(f).suffix == ".json"]
+        for path, run in runs:
+            candidates = sorted(set(path.parent.glob("*.json")) | set(stored))
+            history = load_history(path, run, candidates)
+            for baseline in self.baselines:
+                if str(baseline.path) == str(run.get("datetime", "baseline")):
+                    baseline.history = history
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """--shard i/n: keep the i-th shard's cases (bench/shards.py says which)."""
@@ -214,13 +247,39 @@ class LoadBenchSession:
         except BaselineError as exc:
             raise pytest.UsageError(f"--shard-durations: {str(exc).removeprefix('baseline ')}") from None
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:
+        """Before pytest-benchmark saves: leave out a case an interrupt (Ctrl-C) cut short.
+
+        Its benchmark has no timed round yet, and pytest-benchmark would fail to save
+        the whole run on it; the finished cases are saved as usual."""
+        bs = getattr(self.config, "_benchmarksession", None)
+        if bs is not None:
+            unfinished = [bench for bench in bs.benchmarks if not bench]
+            if unfinished:
+                self.interrupted = [str(bench.fullname) for bench in unfinished]
+                bs.benchmarks[:] = [bench for bench in bs.benchmarks if bench]
+        return (yield)
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from bench.plugin.summary import render_summary
 
-        if self.records or self.baseline_messages:
+        notes = list(self.baseline_messages)
+        if not self.budgets.covers(self.options.dataset) and self.records:
+            named = ", ".join(self.budgets.datasets()) or "none"
+            notes.append(
+                f"no floors or ceilings for dataset {dataset_key(self.options.dataset)!r} in {self.budgets.path} "
+                f"(it sets them for: {named}); only limits against a baseline apply"
+            )
+        if self.records or notes:
             terminalreporter.write_sep("-", "mlp-loadbench")
-            for line in render_summary(self.records, self.baseline_messages):
+            for line in render_summary(self.records, notes):
                 terminalreporter.write_line(line)
+        if self.interrupted:
+            saved = "saved the finished cases" if self.saving else "stored nothing"
+            terminalreporter.write_line(
+                f"mlp-loadbench: interrupted: {saved}; left out {', '.join(self.interrupted)} (cut short)"
+            )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if isinstance(self.probe, GpuProbe):

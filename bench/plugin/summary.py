@@ -8,6 +8,7 @@ from typing import Any
 from tabulate import tabulate
 
 from bench.cases import TITLES
+from bench.plugin.compare import failed_metrics
 
 COLUMNS = ("Time(s)", "Accuracy", "F1", "GPU busy", "SM act.", "VRAM MiB", "CPU", "RSS MiB", "Energy J")
 
@@ -40,14 +41,37 @@ def study_row(label: str, record: dict[str, Any]) -> list[str]:
 def row(entry: dict[str, Any]) -> list[str]:
     cells = study_row(str(entry["case"].value), entry["record"])
     if entry["deltas"] is not None:
-        d = entry["deltas"]
+        broke = failed_metrics(entry["failures"])  # '!' marks what broke a limit, not every worse digit
         cells.append(" ".join(
-            f"{name.split('_')[0]} {change:+.1%}{'!' if worse else ''}" for name, (change, worse) in d.items()
+            f"{name.split('_')[0]} {change:+.1%}{'!' if name in broke else ''}" for name, (change, _) in entry["deltas"].items()
         ))  # fmt: skip
     else:
         cells.append("")
     cells.append("FAILED: " + ", ".join(f.metric for f in entry["failures"]) if entry["failures"] else "ok")
     return cells
+
+
+def noise_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """How the time gate knew each compared case's run-to-run noise."""
+    noises = [(e["case"].id, e["noise"]) for e in entries if e.get("noise") is not None]
+    if not noises:
+        return []
+    known = [(case, n) for case, n in noises if n.known]
+    unknown = [case for case, n in noises if not n.known]
+    lines = [""]
+    if known:
+        spreads = sorted(n.spread for _, n in known)
+        lines.append(
+            f"time gate: {len(known)} case(s) judged against their run-to-run spread "
+            f"({spreads[0]:.2%} to {spreads[-1]:.2%}; from {known[0][1].source})"
+        )
+    if unknown:
+        lines.append(
+            f"time gate: noise bound unknown for {len(unknown)} case(s) ({', '.join(unknown[:6])}"
+            f"{', ...' if len(unknown) > 6 else ''}): fewer than 3 stored runs on this GPU, so a conservative "
+            "bound (time_noise_unknown_pct) applies; store more runs or run python -m bench.tools.selftest"
+        )
+    return lines
 
 
 def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -> list[str]:
@@ -63,6 +87,7 @@ def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -
             rows = [r[:-2] + r[-1:] for r in rows]
             headers.remove("vs baseline")
         lines += ["", tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
+    lines += noise_lines(entries)
     reasons = {what: why for e in entries for what, why in e["record"]["load"]["unavailable"].items()}
     if reasons:
         lines += [""] + [f"n/a: {what}: {why}" for what, why in reasons.items()]

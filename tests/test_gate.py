@@ -1,0 +1,165 @@
+"""The time gate's noise rule and the budgets' precedence, on planted records (no timing)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.plugin.budgets import Budget
+from bench.plugin.budgets import Budgets
+from bench.plugin.compare import DEFAULT_UNKNOWN_NOISE_PCT
+from bench.plugin.compare import check_time
+from bench.plugin.compare import estimate_noise
+from bench.plugin.compare import load_history
+from bench.plugin.compare import time_limit
+
+GATE = Budget(time_slower_pct=10, time_noise_k=3, time_noise_unknown_pct=25, time_alpha=0.01)
+
+
+def record(median: float, epochs: int = 20, rounds: int = 1, jitter: float = 0.002) -> dict:
+    """A case record whose every round has this median epoch time (first epoch apart)."""
+    def one_round(offset: int) -> list[float]:
+        steady = [median * (1 + jitter * ((i + offset) % 5 - 2)) for i in range(epochs)]
+        return [10 * median] + steady  # the first epoch: capture, compilation
+
+    return {"epoch_seconds_by_round": [one_round(r) for r in range(rounds)], "throttled": False}
+
+
+def history(*medians: float) -> list[dict]:
+    return [record(m) for m in medians]
+
+
+def test_quiet_history_gives_a_small_known_spread() -> None:
+    noise = estimate_noise(history(1.00, 1.01, 0.99, 1.005))
+    assert noise.known and noise.runs == 4
+    assert 0.005 < noise.spread < 0.01
+
+
+def test_noisy_history_gives_a_large_spread() -> None:
+    noise = estimate_noise(history(1.0, 1.12, 0.93, 1.23, 1.04))
+    assert noise.known and 0.08 < noise.spread < 0.15
+
+
+def test_single_run_leaves_the_noise_unknown() -> None:
+    noise = estimate_noise(history(1.0), record(1.0))
+    assert not noise.known and noise.spread is None
+    limit, rule = time_limit(GATE, noise)
+    assert limit == pytest.approx(DEFAULT_UNKNOWN_NOISE_PCT / 100) and "noise unknown" in rule
+
+
+def test_rounds_of_the_current_run_count_as_run_to_run_samples() -> None:
+    # Each round trains a fresh model: three rounds alone make the spread known.
+    current = {"epoch_seconds_by_round": [[5, 1.0, 1.0], [5, 1.02, 1.02], [5, 0.98, 0.98]]}
+    noise = estimate_noise([], current)
+    assert noise.known and noise.spread == pytest.approx(0.02, rel=0.05)
+
+
+def test_a_faster_current_run_does_not_widen_the_history_spread() -> None:
+    # Groups are pooled around their own means: the history's spread stays the history's.
+    past = history(1.0, 1.0 * math.exp(0.01), 1.0 * math.exp(-0.01))
+    alone = estimate_noise(past)
+    with_current = estimate_noise(past, record(0.5))
+    assert with_current.spread == pytest.approx(alone.spread)
+
+
+def test_slowdown_beyond_budget_and_quiet_noise_fails() -> None:
+    quiet = history(1.00, 1.01, 0.99, 1.00)
+    (failure,) = check_time(GATE, record(1.15), quiet[-1], history=quiet)
+    assert failure.metric == "epoch_time_ratio" and failure.value == pytest.approx(1.15, rel=1e-3)
+    assert "run-to-run spread" in failure.detail and "Mann-Whitney" in failure.detail
+
+
+def test_the_same_slowdown_inside_a_noisy_case_passes() -> None:
+    noisy = history(1.0, 1.12, 0.93, 1.23, 1.04)
+    assert check_time(GATE, record(1.15 * 1.04), noisy[-1], history=noisy) == []
+    # ... but one far beyond three spreads fails.
+    assert check_time(GATE, record(1.8 * 1.04), noisy[-1], history=noisy)
+
+
+def test_without_history_a_conservative_bound_applies() -> None:
+    base = record(1.0)
+    assert check_time(GATE, record(1.15), base) == []  # +15%: inside the assumed 25%
+    assert check_time(GATE, record(1.40), base)  # +40%: beyond it
+
+
+def test_a_small_budget_catches_a_small_slowdown_in_a_quiet_case() -> None:
+    tight = Budget(time_slower_pct=3, time_noise_k=3, time_alpha=0.01)
+    quiet = history(1.000, 1.002, 0.998, 1.001, 0.999)
+    assert check_time(tight, record(1.05), quiet[-1], history=quiet)
+    assert check_time(tight, record(1.02), quiet[-1], history=quiet) == []
+
+
+def test_a_run_slow_throughout_within_noise_passes_even_when_every_epoch_is_slower() -> None:
+    # What failed A/A runs before: a host-bound case slow throughout. Every epoch is
+    # slower, so Mann-Whitney alone calls it overwhelmingly significant.
+    noisy = history(1.0, 1.10, 0.92, 1.2, 1.05)
+    assert check_time(GATE, record(1.05 * 1.23), noisy[-1], history=noisy) == []
+
+
+def test_throttled_runs_are_not_judged() -> None:
+    slow = record(2.0) | {"throttled": True}
+    assert check_time(Budget(time_slower_pct=10), slow, record(1.0)) == []
+
+
+def test_history_keeps_only_runs_comparable_to_the_baseline(tmp_path) -> None:
+    import json
+
+    def run(when: str, gpu: str = "H100", epochs: int = 40, plant: str | None = None) -> dict:
+        settings = {"profile": "quick", "epochs": epochs, "dataset": "synthetic", "loop": "graph",
+                    "impl": "torch", "precision": "fp32", "plant": plant}  # fmt: skip
+        return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
+                "machine_info": {"loadbench": {"gpu": {"name": gpu}, "settings": settings}}}  # fmt: skip
+
+    files = {
+        "old.json": run("2026-01-01"), "other_gpu.json": run("2026-01-02", gpu="H200"),
+        "other_epochs.json": run("2026-01-03", epochs=8), "planted.json": run("2026-01-04", plant="5%:host"),
+        "newer.json": run("2027-01-01"), "mid.json": run("2026-01-05"),
+    }  # fmt: skip
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    (tmp_path / "corrupt.json").write_text("{")
+    baseline = run("2026-06-01")
+    (tmp_path / "base.json").write_text(json.dumps(baseline))
+    found = load_history(tmp_path / "base.json", baseline, sorted(tmp_path.glob("*.json")))
+    assert [r["datetime"] for r in found] == ["2026-01-01", "2026-01-05", "2026-06-01"]
+
+
+# ----------------------------------------------------------------- budget precedence
+
+LEVELS = [
+    ("[defaults]", 1),
+    ("[experiments.units]", 2),
+    ('[cases."units-128"]', 3),
+    ("[profiles.quick.defaults]", 4),
+    ("[profiles.quick.experiments.units]", 5),
+    ('[profiles.quick.cases."units-128"]', 6),
+    ("[datasets.synthetic.defaults]", 7),
+    ("[datasets.synthetic.experiments.units]", 8),
+    ('[datasets.synthetic.cases."units-128"]', 9),
+    ("[datasets.synthetic.profiles.quick.defaults]", 10),
+    ("[datasets.synthetic.profiles.quick.experiments.units]", 11),
+    ('[datasets.synthetic.profiles.quick.cases."units-128"]', 12),
+]
+
+
+@pytest.mark.parametrize("present", [len(LEVELS), 9, 6, 4, 3, 1])
+def test_the_most_specific_level_wins(tmp_path, present) -> None:
+    """One key at the first `present` levels: the last of them decides."""
+    text = "".join(f"{header}\ntime_slower_pct = {value}\n" for header, value in LEVELS[:present])
+    path = tmp_path / "b.toml"
+    path.write_text(text)
+    budgets = Budgets.load(path)
+    assert budgets.resolve("quick", "units", "units-128", "synthetic").time_slower_pct == present
+    # Another case, experiment, profile or dataset skips the levels that name this one.
+    assert budgets.resolve("smoke", "blocks", "blocks-2", "mine.csv").time_slower_pct == 1
+
+
+def test_floors_apply_only_to_the_dataset_they_were_set_for(tmp_path) -> None:
+    path = tmp_path / "b.toml"
+    path.write_text('[datasets.synthetic.defaults]\naccuracy_min = 0.6\n[datasets."digits.csv".defaults]\naccuracy_min = 0.9\n')
+    budgets = Budgets.load(path)
+    assert budgets.resolve("quick", "act", "act-sigmoid", "synthetic").accuracy_min == 0.6
+    assert budgets.resolve("quick", "act", "act-sigmoid", "data/digits.csv").accuracy_min == 0.9
+    assert budgets.resolve("quick", "act", "act-sigmoid", "other.csv").accuracy_min is None
+    assert budgets.covers("data/digits.csv") and not budgets.covers("other.csv")
