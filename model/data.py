@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import csv
 import math
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,6 @@ JOINTS = (
     "REar", "LEar", "LBigToe", "LSmallToe", "LHeel", "RBigToe", "RSmallToe", "RHeel",
 )  # fmt: skip
 FEATURE_COLUMNS = tuple(f"{joint}_{axis}" for joint in JOINTS for axis in ("x", "y", "c"))
-N_FEATURES = len(FEATURE_COLUMNS)  # 75
 BACKGROUND = "NONE"  # frames before and after a skill inside a skill's video
 
 # Frames per class in the study's 101,136-frame dataset.
@@ -97,17 +98,27 @@ class Dataset:
 
 
 def read_csv(path: str | Path) -> Frames:
-    """Read a CSV in the study's schema; any problem raises one `DataError`."""
+    """Read a CSV in the study's schema; any problem raises one `DataError`.
+
+    Columns are found by name, in whatever order the file has them; the features
+    come out in `FEATURE_COLUMNS` order.
+    """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a CSV file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
+    try:  # utf-8-sig: spreadsheets often save a byte-order mark before the header
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            rows = list(csv.reader(handle))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not a UTF-8 text file (byte {exc.start}): is it a CSV?") from None
     rows = [row for row in rows if row]  # a trailing blank line is not a frame
     if not rows:
         raise DataError(f"{path}: the file is empty")
     header = [name.strip() for name in rows[0]]
-    _check_header(path, header)
+    _check_separator(path, header)
+    column = _column_positions(path, header)
     body = rows[1:]
     if not body:
         raise DataError(f"{path}: no data rows after the header")
@@ -116,14 +127,14 @@ def read_csv(path: str | Path) -> Frames:
         if len(row) != width:
             raise DataError(f"{path}:{line}: expected {width} fields, found {len(row)}")
 
-    features = _parse_features(path, header, body)
-    frame_index = _parse_frame_index(path, body)
-    names = np.array([row[2].strip() for row in body])
-    videos = np.array([row[0].strip() for row in body])
+    features = _parse_features(path, body, [column[name] for name in FEATURE_COLUMNS])
+    frame_index = _parse_frame_index(path, body, column["video_frame"])
+    names = np.array([row[column["skill_id"]].strip() for row in body])
+    videos = np.array([row[column["video_name"]].strip() for row in body])
     for line, (video, name) in enumerate(zip(videos, names), start=2):
         if not video or not name:
-            column = "video_name" if not video else "skill_id"
-            raise DataError(f"{path}:{line}: column {column!r} is empty")
+            empty = "video_name" if not video else "skill_id"
+            raise DataError(f"{path}:{line}: column {empty!r} is empty")
     classes = tuple(sorted(set(names.tolist())))
     if len(classes) < 2:
         raise DataError(f"{path}: found {len(classes)} class ({', '.join(classes)}); need at least 2")
@@ -132,32 +143,69 @@ def read_csv(path: str | Path) -> Frames:
     return Frames(videos, frame_index, labels, features, classes, str(path))
 
 
-def _check_header(path: Path, header: list[str]) -> None:
-    missing = [name for name in ID_COLUMNS if name not in header]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {', '.join(missing)} in the header")
-    if tuple(header[:3]) != ID_COLUMNS:
-        raise DataError(
-            f"{path}: the header must start with {', '.join(ID_COLUMNS)}; found {', '.join(header[:3])}"
-        )
-    n_features = len(header) - len(ID_COLUMNS)
-    if n_features != N_FEATURES:
-        extra = [name for name in header[3:] if name not in FEATURE_COLUMNS]
-        detail = f" (unexpected: {', '.join(extra[:5])})" if extra and n_features > N_FEATURES else ""
-        raise DataError(
-            f"{path}: expected {N_FEATURES} feature columns (25 joints x, y, confidence) after "
-            f"{', '.join(ID_COLUMNS)}; found {n_features}{detail}"
-        )
+def _check_separator(path: Path, header: list[str]) -> None:
+    """A header that csv reads as one field is usually another dialect's separator;
+    naming it beats listing all 78 columns as missing."""
+    if len(header) != 1:
+        return
+    counts = {"semicolon": header[0].count(";"), "tab": header[0].count("\t")}
+    separator = max(counts, key=counts.get)
+    if counts[separator]:
+        raise DataError(f"{path}: looks {separator}-separated; mlp-loadbench reads comma-separated CSV")
 
 
-def _parse_features(path: Path, header: list[str], body: list[list[str]]) -> np.ndarray:
+def _column_positions(path: Path, header: list[str]) -> dict[str, int]:
+    """The 0-based position of each schema column, found by name.
+
+    Reading by position would let a duplicated or renamed column shift the features
+    silently, so every name must appear exactly once and nothing else may appear.
+    """
+    found: dict[str, list[int]] = {}
+    for position, name in enumerate(header):
+        found.setdefault(name, []).append(position)
+    problems = [
+        f"column {name!r} appears {_times(len(where))} (columns {_listing([p + 1 for p in where])})"
+        for name, where in found.items()
+        if len(where) > 1
+    ]
+    missing_ids = [name for name in ID_COLUMNS if name not in found]
+    if missing_ids:
+        problems.append(f"missing column(s) {_listing(missing_ids)}")
+    missing_features = [name for name in FEATURE_COLUMNS if name not in found]
+    if missing_features:
+        problems.append(f"missing feature column(s) {_listing(missing_features)}")
+    schema = set(ID_COLUMNS + FEATURE_COLUMNS)
+    unexpected = [f"{name!r} (column {where[0] + 1})" for name, where in found.items() if name not in schema]
+    if unexpected:
+        problems.append(f"unexpected column(s) {_listing(unexpected)}")
+    if problems:
+        raise DataError(f"{path}: {'; '.join(problems)}")
+    return {name: where[0] for name, where in found.items()}
+
+
+def _times(count: int) -> str:
+    return "twice" if count == 2 else f"{count} times"
+
+
+def _listing(items: Sequence[object], limit: int = 5) -> str:
+    """'a, b and c'; long lists are cut so the message stays one readable line."""
+    words = [str(item) for item in items[:limit]]
+    if len(items) > limit:
+        return f"{', '.join(words)} and {len(items) - limit} more"
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _parse_features(path: Path, body: list[list[str]], positions: list[int]) -> np.ndarray:
+    """The features in `FEATURE_COLUMNS` order, taken from their `positions` in each row."""
+    pick = operator.itemgetter(*positions)
     try:
-        values = np.array([row[3:] for row in body], dtype=np.float64)
+        values = np.array([pick(row) for row in body], dtype=np.float64)
     except ValueError:
         values = None
     if values is None:  # find the first cell that is not a number, to name it
         for line, row in enumerate(body, start=2):
-            for column, cell in zip(header[3:], row[3:]):
+            for column, position in zip(FEATURE_COLUMNS, positions):
+                cell = row[position]
                 try:
                     float(cell)
                 except ValueError:
@@ -166,17 +214,18 @@ def _parse_features(path: Path, header: list[str], body: list[list[str]]) -> np.
     if bad.any():
         row, col = np.argwhere(bad)[0]
         what = "NaN" if np.isnan(values[row, col]) else "infinite"
-        raise DataError(f"{path}:{row + 2}: column {header[3 + col]!r}: value is {what}")
+        raise DataError(f"{path}:{row + 2}: column {FEATURE_COLUMNS[col]!r}: value is {what}")
     return values.astype(np.float32)
 
 
-def _parse_frame_index(path: Path, body: list[list[str]]) -> np.ndarray:
+def _parse_frame_index(path: Path, body: list[list[str]], position: int) -> np.ndarray:
     out = np.empty(len(body), dtype=np.int64)
     for i, row in enumerate(body):
         try:
-            out[i] = int(float(row[1]))
+            out[i] = int(float(row[position]))
         except ValueError:
-            raise DataError(f"{path}:{i + 2}: column 'video_frame': {row[1]!r} is not a frame number") from None
+            cell = row[position]
+            raise DataError(f"{path}:{i + 2}: column 'video_frame': {cell!r} is not a frame number") from None
     return out
 
 

@@ -18,8 +18,9 @@ def confusion_matrix(y_true: torch.Tensor, y_pred: torch.Tensor, n_classes: int)
 
 
 def accuracy(cm: torch.Tensor) -> float:
-    total = cm.sum()
-    return float(cm.diagonal().sum() / total) if total else 0.0
+    # Divide as Python floats: integer tensors divide in float32, off in the 8th digit.
+    total = int(cm.sum())
+    return int(cm.diagonal().sum()) / total if total else 0.0
 
 
 def f1_per_class(cm: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import numpy as np
 import pytest
 
@@ -99,9 +101,13 @@ def _write(tmp_path, *lines: str) -> str:
     [
         ((), "the file is empty"),
         ((HEADER,), "no data rows"),
-        ((HEADER.replace("video_name,", ""), _row()), "missing column(s) video_name"),
-        ((HEADER.replace(",Nose_x", ""), _row()[:-4]), "expected 75 feature columns (25 joints x, y, confidence) after video_name, video_frame, skill_id; found 74"),
-        ((HEADER + ",extra", _row() + ",1"), "found 76 (unexpected: extra)"),
+        ((HEADER.replace("video_name,", ""), _row()), "data.csv: missing column(s) video_name"),
+        ((HEADER.replace(",Nose_x", ""), _row()[:-4]), "data.csv: missing feature column(s) Nose_x"),
+        ((HEADER + ",extra", _row() + ",1"), "data.csv: unexpected column(s) 'extra' (column 79)"),
+        ((HEADER.replace("RHeel_c", "Nose_x"), _row()), "data.csv: column 'Nose_x' appears twice (columns 4 and 78); missing feature column(s) RHeel_c"),
+        ((HEADER.replace("video_frame", "skill_id"), _row()), "column 'skill_id' appears twice (columns 2 and 3); missing column(s) video_frame"),
+        ((HEADER.replace(",", ";"), _row().replace(",", ";")), "data.csv: looks semicolon-separated; mlp-loadbench reads comma-separated CSV"),
+        ((HEADER.replace(",", "\t"), _row().replace(",", "\t")), "data.csv: looks tab-separated; mlp-loadbench reads comma-separated CSV"),
         ((HEADER, _row(), _row()[:-4]), "data.csv:3: expected 78 fields, found 77"),
         ((HEADER, _row(), _row(value="abc")), "data.csv:3: column 'Nose_x': 'abc' is not a number"),
         ((HEADER, _row(value="nan")), "data.csv:2: column 'Nose_x': value is NaN"),
@@ -111,7 +117,8 @@ def _write(tmp_path, *lines: str) -> str:
         ((HEADER, _row(), _row(skill="PL")), "video 'v1' is labelled 'PL' here but 'FL' at line 2"),
         ((HEADER, _row(skill="")), "column 'skill_id' is empty"),
     ],
-    ids=["empty", "header-only", "missing-column", "too-few-features", "extra-column", "short-row",
+    ids=["empty", "header-only", "missing-column", "too-few-features", "extra-column", "duplicated-feature",
+         "duplicated-id", "semicolon-separated", "tab-separated", "short-row",
          "non-numeric", "nan", "inf", "bad-frame", "one-class", "video-two-skills", "empty-label"],
 )  # fmt: skip
 def test_bad_csv_gives_one_clear_error(tmp_path, lines, message) -> None:
@@ -124,6 +131,37 @@ def test_bad_csv_gives_one_clear_error(tmp_path, lines, message) -> None:
 def test_missing_file_is_named(tmp_path) -> None:
     with pytest.raises(DataError, match="nope.csv: no such file"):
         read_csv(tmp_path / "nope.csv")
+
+
+def test_directory_is_not_mistaken_for_a_missing_file(tmp_path) -> None:
+    with pytest.raises(DataError) as error:
+        read_csv(tmp_path)
+    assert str(error.value) == f"{tmp_path}: is a directory, not a CSV file"
+
+
+def test_a_bad_header_gives_one_line(tmp_path) -> None:
+    # A header-less file: every schema name is missing and '1.0' repeats 75 times.
+    with pytest.raises(DataError) as error:
+        read_csv(_write(tmp_path, _row(), _row(frame="1")))
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 400
+    assert "column '1.0' appears 75 times (columns 4, 5, 6, 7, 8 and 70 more)" in message
+
+
+def test_columns_are_read_by_name_in_any_order(small, tmp_path) -> None:
+    canonical = write_csv(small, tmp_path / "canonical.csv")
+    with canonical.open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    order = np.random.default_rng(0).permutation(len(rows[0]))
+    assert list(order[:3]) != [0, 1, 2]  # the id columns move too
+    shuffled = tmp_path / "shuffled.csv"
+    with shuffled.open("w", newline="") as handle:
+        csv.writer(handle).writerows([row[i] for i in order] for row in rows)
+
+    expected, frames = read_csv(canonical), read_csv(shuffled)
+    assert frames.classes == expected.classes
+    for field in ("videos", "frame_index", "labels", "features"):
+        assert np.array_equal(getattr(frames, field), getattr(expected, field)), field
 
 
 def test_class_without_training_frames_is_reported(tmp_path) -> None:
@@ -146,3 +184,18 @@ def _train_mask(frames, seed: int) -> np.ndarray:
 def test_none_frames_may_share_a_video_with_a_skill(tmp_path) -> None:
     frames = read_csv(_write(tmp_path, HEADER, _row(skill="NONE"), _row(frame="1"), _row(frame="2", skill="NONE")))
     assert frames.classes == ("FL", "NONE")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path) -> None:
+    frames = synthesize(scale=0.02)
+    plain = write_csv(frames, tmp_path / "plain.csv")
+    marked = tmp_path / "marked.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert (read_csv(marked).features == read_csv(plain).features).all()
+
+
+def test_a_binary_file_is_one_clear_error(tmp_path) -> None:
+    binary = tmp_path / "frames.csv"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    with pytest.raises(DataError, match="frames.csv: not a UTF-8 text file"):
+        read_csv(binary)

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import inspect
+import itertools
+
 import pytest
 import torch
+from sklearn.metrics import accuracy_score
+from sklearn.metrics import confusion_matrix
+from sklearn.metrics import f1_score
 
+import model.train as training
+from model.config import OPTIMIZERS as CONFIG_OPTIMIZERS
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.mlp import MLP
 from model.train import OPTIMIZERS
 from model.train import Trainer
 from model.train import make_optimizer
+from model.train import predict
 from model.train import train
 
 
@@ -33,14 +42,36 @@ def test_bad_config_values_are_named() -> None:
         TrainConfig(batch_size=0)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_optimizers_carry_the_study_settings(name) -> None:
-    params = [torch.nn.Parameter(torch.zeros(3))]
-    for fast in (False, True):
-        optimizer, how = make_optimizer(name, params, fast=fast)
-        for key, value in OPTIMIZERS[name][1].items():
-            assert optimizer.defaults[key] == value
-        assert how in ("default", "fused", "foreach")
+# The study's optimizer settings, written out rather than read from model/train.py, so
+# that changing one there fails here.
+STUDY_OPTIMIZERS = {
+    "adam": (torch.optim.Adam, {"lr": 1e-4, "weight_decay": 1e-4}),
+    "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+    "adagrad": (torch.optim.Adagrad, {"lr": 0.01, "lr_decay": 1e-6, "weight_decay": 1e-4}),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 1e-4}),
+}
+# How a step runs, not what it computes: these may differ from torch's defaults.
+IMPLEMENTATION_FLAGS = {"self", "params", "foreach", "fused", "capturable", "differentiable"}
+
+
+def test_every_optimizer_a_config_can_name_is_pinned() -> None:
+    assert set(STUDY_OPTIMIZERS) == set(CONFIG_OPTIMIZERS) == set(OPTIMIZERS)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["default", "fast"])
+@pytest.mark.parametrize("name", sorted(STUDY_OPTIMIZERS))
+def test_optimizers_carry_the_study_settings(name, fast) -> None:
+    cls, settings = STUDY_OPTIMIZERS[name]
+    optimizer, how = make_optimizer(name, [torch.nn.Parameter(torch.zeros(3))], fast=fast)
+    assert type(optimizer) is cls
+    group = optimizer.param_groups[0]  # what step() reads
+    for key, value in settings.items():
+        assert group[key] == value, key
+    # Every other hyperparameter is torch's default, as in the study.
+    for key, parameter in inspect.signature(cls.__init__).parameters.items():
+        if key not in settings and key not in IMPLEMENTATION_FLAGS:
+            assert group[key] == parameter.default, key
+    assert how in (("fused", "foreach") if fast else ("default",))
 
 
 def test_same_seed_gives_identical_results(data) -> None:
@@ -66,6 +97,52 @@ def test_last_partial_batch_is_kept(data) -> None:
     trainer.step = lambda x, y: (steps.append(len(y)), original(x, y))[1]
     trainer.fit()
     assert sum(steps) == n and steps[-1] == n % batch
+
+
+def test_each_epoch_is_timed_between_two_synchronizes(data, monkeypatch) -> None:
+    # An epoch's kernels run asynchronously on a GPU: without a synchronize before
+    # each clock reading the timer would measure kernel launches, not the epoch.
+    events: list[str] = []
+    trainer = Trainer(TrainConfig(epochs=3, width=16, depth=2), data)
+    ticks = itertools.count(0.0, 10.0)
+
+    def planted_clock() -> float:
+        events.append("clock")
+        return next(ticks)
+
+    def recording_synchronize(device: torch.device) -> None:
+        assert device == trainer.device
+        events.append("synchronize")
+
+    monkeypatch.setattr(training, "synchronize", recording_synchronize)
+    monkeypatch.setattr(Trainer, "clock", staticmethod(planted_clock))
+    step = trainer.step
+    trainer.step = lambda x, y: (events.append("epoch work"), step(x, y))[1]
+    trainer.fit()
+
+    one_epoch = ["synchronize", "clock", "epoch work", "synchronize", "clock"]
+    assert [event for event, _ in itertools.groupby(events)] == one_epoch * 3
+    assert trainer.epoch_seconds == [10.0, 10.0, 10.0]  # stop minus start, from the timer
+
+
+def test_metrics_cover_the_whole_test_set() -> None:
+    data = load_dataset("synthetic", scale=1.0)
+    chunk = inspect.signature(predict).parameters["batch"].default
+    assert len(data.y_test) > chunk  # so the trainer predicts in more than one chunk
+    trainer = Trainer(TrainConfig(epochs=1, width=16, depth=2, batch_size=2048), data)
+    trainer.fit()
+    result = trainer.result()
+
+    model = trainer.model.eval()
+    with torch.no_grad():  # one forward pass over every test frame, no chunks
+        y_pred = model(data.x_test).argmax(1).numpy()
+    y_true = data.y_test.numpy()
+    assert result.confusion == confusion_matrix(y_true, y_pred, labels=range(data.n_classes)).tolist()
+    assert result.accuracy == pytest.approx(accuracy_score(y_true, y_pred), rel=1e-12)
+    assert result.macro_f1 == pytest.approx(f1_score(y_true, y_pred, average="macro", zero_division=0), rel=1e-12)
+    assert result.weighted_f1 == pytest.approx(
+        f1_score(y_true, y_pred, average="weighted", zero_division=0), rel=1e-12
+    )
 
 
 @pytest.mark.slow
