@@ -1,25 +1,34 @@
-"""The report, the workflow files and bisect, on runs the tests make themselves."""
+"""The report, figures and merge, on runs the tests make themselves (workflows and bisect:
+test_workflows.py, test_bisect.py)."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench.monitor.series import read_series
+from bench.plugin.budgets import Budgets
+from bench.plugin.compare import case_history
+from bench.plugin.compare import check_against
+from bench.plugin.compare import load_history
 from bench.tools.figures import moving_average
+from bench.tools.figures import pareto_figure
 from bench.tools.figures import pareto_front
 from bench.tools.figures import resource_figure
+from bench.tools.merge import main as merge_main
+from bench.tools.merge import settings_diff
 from bench.tools.report import ReportError
 from bench.tools.report import build_report
 from bench.tools.report import main as report_main
+from bench.tools.report import regressions
 from bench.tools.runs import find_run_files
-from bench.monitor.series import read_series
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.tools.runs import load_runs
 
 CASES = """
 from bench.cases import Case
@@ -92,102 +101,226 @@ def test_empty_storage_gives_a_clear_message(tmp_path, capsys) -> None:
     with pytest.raises(ReportError, match="no mlp-loadbench runs"):
         build_report([], tmp_path)
     assert report_main(["--storage", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 1
-    assert "run `pytest bench/ --benchmark-autosave` first" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nothing'}: no run files there" in err
+    assert "run `pytest bench/ --benchmark-autosave` first" in err
     assert not (tmp_path / "out").exists()
 
 
-def test_regression_is_marked_in_the_summary(storage, tmp_path) -> None:
-    files = find_run_files(storage / "store")
-    slower = json.loads(files[-1].read_text())
-    for bench in slower["benchmarks"]:
-        bench["extra_info"]["median_epoch_s"] *= 3
-    slowed = tmp_path / "9999_slower.json"
-    slowed.write_text(json.dumps(slower | {"datetime": "2999-01-01T00:00:00"}))
-    build_report(files + [slowed], tmp_path / "out")
-    assert "REGRESSED: median_epoch_s" in (tmp_path / "out" / "summary.md").read_text()
+def _our_run_without_cases() -> str:
+    return json.dumps({"datetime": "2024-01-01T00:00:00", "benchmarks": [],
+                       "machine_info": {"loadbench": {"gpu": None, "settings": {"profile": "smoke"}}}})  # fmt: skip
+
+
+UNUSABLE = {  # file name: (contents, None for no file; the reason the error must give)
+    "missing.json": (None, "no such file"),
+    "corrupt.json": ("{oops", "corrupt JSON at line 1"),
+    "zero.json": ("", "empty file"),
+    "foreign.json": (json.dumps({"benchmarks": [], "machine_info": {}}), "not made by mlp-loadbench"),
+    "no-cases.json": (_our_run_without_cases(), "a run with no training cases"),
+}
+
+
+def _unusable(tmp_path: Path, name: str) -> tuple[Path, str]:
+    contents, reason = UNUSABLE[name]
+    path = tmp_path / name
+    if contents is not None:
+        path.write_text(contents)
+    return path, reason
+
+
+@pytest.mark.parametrize("name", UNUSABLE)
+def test_nothing_usable_says_why_for_the_file(tmp_path, capsys, name) -> None:
+    path, reason = _unusable(tmp_path, name)
+    assert report_main([str(path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line
+    assert err.startswith("mlp-loadbench report: no mlp-loadbench runs with training cases")
+    assert _says(err, path, reason)
+    assert not (tmp_path / "out").exists()
+
+
+def test_nothing_usable_names_every_file_and_its_reason(tmp_path) -> None:
+    given = [_unusable(tmp_path, name) for name in UNUSABLE]
+    with pytest.raises(ReportError) as error:
+        build_report([path for path, _ in given], tmp_path / "out")
+    for path, reason in given:
+        assert _says(str(error.value), path, reason)
+
+
+def _says(message: str, path: Path, reason: str) -> bool:
+    """Whether the message names the file and then its reason, before the next file's."""
+    return re.search(f"{re.escape(str(path))}: [^;]*{re.escape(reason)}", message) is not None
+
+
+# Limits far from the changes the tests make: 3x time or 0.2 of accuracy is flagged under
+# any sensible rule; +24% time whose epochs overlap is not significant under any.
+REGRESSION_BUDGETS = """\
+[defaults]
+time_slower_pct = 10
+time_alpha = 0.01
+time_hard_ratio = 2.0
+accuracy_drop_max = 0.03
+macro_f1_drop_max = 0.04
+"""
+STEADY = [0.100, 0.102, 0.098, 0.101, 0.099, 0.103, 0.097] * 3  # per-epoch seconds after the first
+CASE_IDS = {"units-128", "units-256", "opt-sgd"}
+
+
+def _set_epochs(info: dict, samples: list[float]) -> None:
+    """Per-epoch times of one round (its first epoch apart) and the median the record derives."""
+    info["epoch_seconds_by_round"] = [[2 * samples[0], *samples]]
+    info["median_epoch_s"] = statistics.median(samples)
+
+
+def _scores(accuracy: float, macro_f1: float):
+    def change(info: dict) -> None:
+        _set_epochs(info, STEADY)
+        info.update(accuracy=accuracy, macro_f1=macro_f1)
+
+    return change
+
+
+def _epochs(samples: list[float]):
+    return lambda info: _set_epochs(info, samples)
+
+
+def _two_runs(storage: Path, tmp_path: Path, before, after) -> tuple[list[Path], Path]:
+    """The newest stored run with `before` applied to each case, a later copy with `after`,
+    and a budgets file."""
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text(REGRESSION_BUDGETS)
+    return _runs(storage, tmp_path, [before, after]), budgets
+
+
+def _runs(storage: Path, tmp_path: Path, changes: list) -> list[Path]:
+    """Copies of the newest stored run, a day apart, each with its change applied to every case."""
+    run = json.loads(find_run_files(storage / "store")[-1].read_text())
+    paths = []
+    for day, change in enumerate(changes, start=1):
+        copy = json.loads(json.dumps(run))
+        for bench in copy["benchmarks"]:
+            change(bench["extra_info"])
+        paths.append(tmp_path / f"{day:04d}_run.json")
+        paths[-1].write_text(json.dumps(copy | {"datetime": f"2999-01-{day:02d}T00:00:00"}))
+    return paths
+
+
+def _verdicts(out: Path) -> dict[str, str]:
+    """case -> its "vs previous run" cell in summary.md."""
+    rows = {}
+    for line in (out / "summary.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 5 and cells[0] in CASE_IDS:
+            rows[cells[0]] = cells[4]
+    return rows
+
+
+def test_a_rise_in_accuracy_and_f1_is_not_a_regression(storage, tmp_path) -> None:
+    paths, budgets = _two_runs(storage, tmp_path, _scores(0.5, 0.4), _scores(0.7, 0.6))
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "ok")
+
+
+def test_a_drop_in_accuracy_and_f1_beyond_the_budget_is_flagged(storage, tmp_path) -> None:
+    paths, budgets = _two_runs(storage, tmp_path, _scores(0.7, 0.6), _scores(0.5, 0.4))
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "REGRESSED: accuracy, macro_f1")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "- units-128, accuracy: accuracy_drop = 0.2 breaks its limit 0.03" in summary  # the rule that flagged it
+    assert "- units-128, macro_f1: macro_f1_drop = 0.2 breaks its limit 0.04" in summary
+
+
+def test_a_3x_slowdown_is_flagged_with_the_gates_rule(storage, tmp_path) -> None:
+    paths, budgets = _two_runs(storage, tmp_path, _epochs(STEADY), _epochs([3 * s for s in STEADY]))
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "REGRESSED: median_epoch_s")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "- opt-sgd, median_epoch_s: epoch_time_ratio = 3 breaks its limit" in summary
+
+
+def test_a_slowdown_the_gate_passes_is_not_marked_by_the_report(storage, tmp_path) -> None:
+    # +24% on the median, but the two runs' epochs overlap: not significant, the gate passes it.
+    then = [0.9, 1.0, 1.0, 1.0, 1.5, 1.6, 1.7] * 3
+    now = [0.9, 1.0, 1.1, 1.24, 1.5, 1.6, 1.7] * 3
+    paths, budgets = _two_runs(storage, tmp_path, _epochs(then), _epochs(now))
+    before, after = (json.loads(p.read_text())["benchmarks"][0]["extra_info"] for p in paths)
+    assert after["median_epoch_s"] / before["median_epoch_s"] == pytest.approx(1.24)
+    budget = Budgets.load(budgets).resolve("smoke", before["experiment"], before["case"])
+    assert check_against(budget=budget, current=after, baseline=before) == []  # the gate passes it
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "ok")  # and so does the report
+
+
+# The gate's noise rule: a slowdown must exceed the budget and k run-to-run spreads, or
+# an assumed spread while too few runs tell it. +20% lies between the two.
+NOISE_BUDGETS = REGRESSION_BUDGETS + "time_noise_k = 3\ntime_noise_unknown_pct = 40\n"
+
+
+def test_the_report_reads_run_to_run_noise_from_earlier_runs_like_the_gate(storage, tmp_path) -> None:
+    factors = [1.0, 1.01, 0.99, 1.0, 1.2]  # four steady runs (spread ~1%), then 20% slower
+    paths = _runs(storage, tmp_path, [_epochs([f * s for s in STEADY]) for f in factors])
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text(NOISE_BUDGETS)
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "REGRESSED: median_epoch_s")
+    # The gate, given the same stored runs, judges the same way.
+    baseline_run, current_run = (json.loads(p.read_text()) for p in paths[-2:])
+    history = load_history(paths[-2], baseline_run, paths[:-2])
+    for saved, now in zip(baseline_run["benchmarks"], current_run["benchmarks"]):
+        info = now["extra_info"]
+        budget = Budgets.load(budgets).resolve("smoke", info["experiment"], info["case"])
+        gate = check_against(budget=budget, current=info, baseline=saved["extra_info"],
+                             history=case_history(history, saved["fullname"]))  # fmt: skip
+        assert [f.metric for f in gate] == ["epoch_time_ratio"]
+    # Without the earlier runs the spread is unknown, 40% is assumed, and +20% passes.
+    build_report(paths[-2:], tmp_path / "alone", budgets_path=budgets)
+    assert _verdicts(tmp_path / "alone") == dict.fromkeys(CASE_IDS, "ok")
+
+
+def test_regressions_judge_each_run_against_the_one_before(storage, tmp_path) -> None:
+    paths, budgets = _two_runs(storage, tmp_path, _epochs(STEADY), _epochs([3 * s for s in STEADY]))
+    runs, _ = load_runs(paths)
+    lines, flagged = regressions(runs, Budgets.load(budgets))
+    median = statistics.median(STEADY)
+    assert lines["median_epoch_s"]["units-128"] == [median, pytest.approx(3 * median)]
+    assert list(flagged["median_epoch_s"]["units-128"]) == [1]  # the second run, against the first
+    assert "epoch_time_ratio" in flagged["median_epoch_s"]["units-128"][1]  # the gate's message
+    assert flagged["accuracy"] == {} and flagged["macro_f1"] == {}
+
+
+def test_a_pareto_panel_without_data_says_why(storage) -> None:
+    runs, _ = load_runs(find_run_files(storage / "store"))
+    records = [b["extra_info"] for b in runs[-1].cases()]
+    assert all(r["energy_j"] is None for r in records)  # a CPU run: no GPU energy counter
+    time_ax, energy_ax = pareto_figure(records).axes
+    assert len(time_ax.collections) == len(records)  # one point per case
+    assert [t.get_text() for t in energy_ax.texts] == ["no energy data: no GPU energy counter on this run"]
+    assert len(energy_ax.get_xticks()) == 0 and len(energy_ax.get_yticks()) == 0  # not an empty 0-1 axis
+
+
+def test_merge_names_only_the_settings_that_differ(tmp_path, capsys) -> None:
+    settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "device": "cpu", "loop": "fast"}
+    shards = []
+    for i, changed in ((1, {}), (2, {"epochs": 8, "profile": "smoke"})):
+        ours = {"gpu": None, "settings": settings | changed | {"shard": f"{i}/2"}}
+        run = {"datetime": "2024-01-01T00:00:00", "commit_info": {"id": "abc"}, "benchmarks": [],
+               "machine_info": {"loadbench": ours}}  # fmt: skip
+        shards.append(tmp_path / f"shard-{i}.json")
+        shards[-1].write_text(json.dumps(run))
+    assert merge_main([str(tmp_path / "merged.json"), *map(str, shards)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"mlp-loadbench merge: {shards[1]}: settings differ from {shards[0]}'s: "
+                   "epochs 8 vs 40, profile 'smoke' vs 'quick'\n")  # fmt: skip
+    assert not (tmp_path / "merged.json").exists()
+
+
+def test_settings_diff_shows_a_setting_only_one_side_has() -> None:
+    assert settings_diff({"loop": "fast"}, {}) == "loop 'fast' vs (not set)"
+    assert settings_diff({"a": 1}, {"a": 1}) == ""
 
 
 def test_pure_helpers() -> None:
     assert list(moving_average([1, 1, 1, 1], 2)) == [1, 1, 1, 1]
     assert moving_average([0, 10, float("nan"), 10], 3)[2] == 10
     assert pareto_front([(1, 0.5), (2, 0.9), (3, 0.8), (1, 0.4)]) == [0, 1]
-
-
-def test_workflow_files_are_valid() -> None:
-    workflows = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
-    assert {p.name for p in workflows} == {"ci.yml", "gpu-bench.yml"}
-    result = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, workflows)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_a_broken_workflow_is_caught(tmp_path) -> None:
-    broken = tmp_path / "broken.yml"
-    broken.write_text("on: push\njobs:\n  a:\n    runs-onn: ubuntu-latest\n    steps:\n      - run: echo\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(broken)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert result.returncode != 0 and "runs-on" in result.stdout
-
-
-@pytest.mark.slow
-def test_bisect_finds_the_planted_slow_commit(tmp_path) -> None:
-    repo = tmp_path / "repo"
-    (repo / "perf").mkdir(parents=True)
-    (repo / "conftest.py").write_text(
-        'pytest_plugins = ["bench.plugin"]\n'
-        "import time, pytest\nfrom model.train import Trainer\n"
-        "@pytest.fixture(autouse=True)\ndef planted(monkeypatch):\n"
-        "    import delay\n    original = Trainer._fast_epoch\n"
-        "    monkeypatch.setattr(Trainer, '_fast_epoch', lambda self: (time.sleep(delay.SECONDS), original(self))[1])\n"
-    )
-    (repo / "perf" / "test_case.py").write_text(
-        "from bench.cases import Case\n\ndef test_units(loadbench):\n    loadbench.run(Case('units', 128), width=16)\n"
-    )
-    # The planted delay makes epochs ~10x slower; a 2x limit keeps CPU timing noise out.
-    (repo / "budgets.toml").write_text("[defaults]\ntime_slower_pct = 100\ntime_alpha = 0.01\n")
-    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout  # noqa: E731
-    git("init", "-q")
-    git("config", "user.email", "t@example.com")
-    git("config", "user.name", "t")
-    commits = []
-    for i, seconds in enumerate([0.0, 0.0, 0.0, 0.08, 0.08]):
-        (repo / "delay.py").write_text(f"SECONDS = {seconds}\n")
-        (repo / "notes.txt").write_text(f"change {i}\n")
-        git("add", "-A")
-        git("commit", "-qm", f"change {i}" + (" (slow)" if i == 3 else ""))
-        commits.append(git("rev-parse", "HEAD").strip())
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.tools.bisect", commits[0], commits[-1], "-k", "test_units", "--path", "perf/",
-         "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}",
-         "--dataset=" + str(_tiny_csv(tmp_path))],
-        cwd=repo, capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"first bad commit: {commits[3]}" in out.stdout
-    assert "change 3 (slow)" in out.stdout
-    assert git("rev-parse", "HEAD").strip() == commits[-1]  # left where it was
-
-
-def _tiny_csv(tmp_path: Path) -> Path:
-    from model.data import synthesize
-    from model.data import write_csv
-
-    return write_csv(synthesize(scale=0.02), tmp_path / "tiny.csv")
-
-
-def test_bisect_refuses_a_dirty_tree(tmp_path) -> None:
-    repo = tmp_path / "r"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    (repo / "a.txt").write_text("1")
-    subprocess.run(["git", "add", "a.txt"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "a"], cwd=repo, check=True)
-    (repo / "a.txt").write_text("2")
-    out = subprocess.run([sys.executable, "-m", "bench.tools.bisect", "HEAD", "HEAD", "-k", "x", "--repo", str(repo)],
-                         capture_output=True, text=True)  # fmt: skip
-    assert out.returncode == 2 and "uncommitted changes" in out.stderr
-    assert shutil.which("git")

@@ -1,9 +1,10 @@
 """Find the commit that broke a case, with the same gate the suite uses.
 
-    python -m bench.tools.bisect GOOD BAD -k CASE [--path bench/] [-- PYTEST ARGS...]
+    python -m bench.tools.bisect GOOD BAD -k CASE [--path PATH] [--repo REPO] [-- PYTEST ARGS...]
 
-Runs the case at GOOD to make the baseline, then drives ``git bisect run`` with a
-step that runs the case against that baseline (``--benchmark-compare``): a step whose
+Runs the case at GOOD to make the baseline and checks that it fails at BAD against
+that baseline (otherwise there is nothing to bisect), then drives ``git bisect run``
+with a step that runs the case against the baseline (``--benchmark-compare``): a step whose
 pytest passes is good, one whose test fails (budget or baseline gate) is bad, and one
 that cannot run (collection or usage error) is skipped. Prints the first bad commit
 and leaves the repository as it found it (``git bisect reset``).
@@ -24,6 +25,14 @@ from pathlib import Path
 GOOD, BAD, SKIP = 0, 1, 125  # git bisect run's exit codes
 
 
+EPILOG = """\
+Everything after -- goes to each pytest run unchanged (profile, device, budgets, ...),
+at GOOD, at BAD and at every step, e.g.:
+
+    python -m bench.tools.bisect v1.2 HEAD -k units-1024 -- --profile quick --device cuda:1
+"""
+
+
 class BisectError(Exception):
     """The bisection cannot start; the message says why."""
 
@@ -39,14 +48,32 @@ def pytest_command(path: str, case: str, extra: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", path, "-k", case, "-p", "no:cacheprovider", "-q", *extra]
 
 
-def step(path: str, case: str, baseline: Path, extra: Sequence[str]) -> int:
-    """One bisection step in the current checkout: 0 good, 1 bad, 125 skip."""
-    result = subprocess.run(pytest_command(path, case, [f"--benchmark-compare={baseline}", *extra]))
+def step(path: str, case: str, baseline: Path, extra: Sequence[str], cwd: Path | None = None) -> int:
+    """One bisection step in the checkout at `cwd` (default: here): 0 good, 1 bad, 125 skip."""
+    result = subprocess.run(pytest_command(path, case, [f"--benchmark-compare={baseline}", *extra]), cwd=cwd)
     if result.returncode == 0:
         return GOOD
     if result.returncode == 1:  # tests ran and one failed its gate
         return BAD
     return SKIP
+
+
+def make_baseline(repo: Path, good: str, case: str, path: str, baseline: Path, extra: Sequence[str]) -> None:
+    """Run the case at GOOD into `baseline`; it must pass there."""
+    git(repo, "checkout", "-q", good)
+    made = subprocess.run(pytest_command(path, case, [f"--benchmark-json={baseline}", *extra]), cwd=repo)
+    if made.returncode != 0 or not baseline.is_file():
+        raise BisectError(f"the case {case!r} does not pass at GOOD ({good}); nothing to bisect against")
+
+
+def check_fails_at_bad(repo: Path, bad: str, case: str, path: str, baseline: Path, extra: Sequence[str]) -> None:
+    """Run the step at BAD: git bisect would otherwise name a first bad commit that is not one."""
+    git(repo, "checkout", "-q", bad)
+    verdict = step(path, case, baseline, extra, cwd=repo)
+    if verdict == GOOD:
+        raise BisectError(f"the case passes at BAD ({bad}): nothing to bisect")
+    if verdict == SKIP:
+        raise BisectError(f"the case cannot run at BAD ({bad}): pytest stopped with a usage or collection error")
 
 
 def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequence[str]) -> str:
@@ -61,10 +88,8 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
     with tempfile.TemporaryDirectory(prefix="loadbench-bisect-") as tmp:
         baseline = Path(tmp) / "good.json"
         try:
-            git(repo, "checkout", "-q", good)
-            made = subprocess.run(pytest_command(path, case, [f"--benchmark-json={baseline}", *extra]), cwd=repo)
-            if made.returncode != 0 or not baseline.is_file():
-                raise BisectError(f"the case {case!r} does not pass at GOOD ({good}); nothing to bisect against")
+            make_baseline(repo, good, case, path, baseline, extra)
+            check_fails_at_bad(repo, bad, case, path, baseline, extra)
         finally:
             git(repo, "checkout", "-q", start)
         git(repo, "bisect", "start", bad, good)
@@ -80,9 +105,15 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.tools.bisect", description=__doc__.split("\n\n")[0])
-    parser.add_argument("good", nargs="?", help="a commit where the case passes")
-    parser.add_argument("bad", nargs="?", help="a commit where it fails")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.tools.bisect",
+        usage="%(prog)s GOOD BAD -k CASE [--path PATH] [--repo REPO] [-- PYTEST ARGS...]",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the epilog's lines
+    )
+    parser.add_argument("good", nargs="?", metavar="GOOD", help="a commit where the case passes")
+    parser.add_argument("bad", nargs="?", metavar="BAD", help="a commit where it fails")
     parser.add_argument("-k", dest="case", required=True, help="the case (a pytest -k expression)")
     parser.add_argument("--path", default="bench/", help="what pytest runs. Default: bench/")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository. Default: .")

@@ -5,6 +5,8 @@ Figure; the report saves or embeds it."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Any
 
 import matplotlib
@@ -52,14 +54,15 @@ def resource_figure(title: str, series: dict[str, dict[str, list[float]]], windo
     return fig
 
 
-def history_figure(metric: str, labels: list[str], lines: dict[str, list[float | None]], flagged: dict[str, list[int]]) -> Figure:
-    """A metric across runs: one line per case, regressions marked with a red x."""
+def history_figure(metric: str, labels: list[str], lines: dict[str, list[float | None]],
+                   flagged: Mapping[str, Collection[int]]) -> Figure:  # fmt: skip
+    """A metric across runs: one line per case, regressions (case -> run indices) marked with a red x."""
     fig, ax = plt.subplots(figsize=(9, 3.2))
     x = np.arange(len(labels))
     for case, values in lines.items():
         y = np.array([np.nan if v is None else v for v in values], dtype=float)
         ax.plot(x, y, marker="o", markersize=3, linewidth=1, label=case)
-        bad = flagged.get(case, [])
+        bad = sorted(flagged.get(case, ()))
         if bad:
             ax.plot(x[bad], y[bad], "x", color="red", markersize=10, markeredgewidth=2)
     ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
@@ -80,12 +83,18 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
+PARETO_COSTS = {  # record key: (axis label, what a panel without data says)
+    "train_seconds": ("training time (s)", "no training-time data: no case recorded its training time"),
+    "energy_j": ("GPU energy (J)", "no energy data: no GPU energy counter on this run"),
+}
+
+
 def pareto_figure(records: list[dict[str, Any]]) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (key, label) in zip(axes, (("train_seconds", "training time (s)"), ("energy_j", "GPU energy (J)"))):
+    for ax, (key, (label, missing)) in zip(axes, PARETO_COSTS.items()):
         usable = [r for r in records if r.get(key) is not None and not math.isnan(r[key])]
         if not usable:
-            ax.text(0.5, 0.5, f"{label}: not measured", ha="center", va="center", transform=ax.transAxes)
+            _say_no_data(ax, missing)
             continue
         points = [(r[key], r["accuracy"]) for r in usable]
         front = set(pareto_front(points))
@@ -100,6 +109,13 @@ def pareto_figure(records: list[dict[str, Any]]) -> Figure:
     axes[0].set_title("Pareto front (red): accuracy against cost")
     fig.tight_layout()
     return fig
+
+
+def _say_no_data(ax: Any, message: str) -> None:
+    """A panel without data says why, with no ticks: an empty 0-1 axis reads like zeros."""
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, transform=ax.transAxes, color="dimgray")
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def _has_data(values: list[float] | None) -> bool:

@@ -26,6 +26,26 @@ class MergeError(ValueError):
     """Shards that cannot be one run; the message names the file and the difference."""
 
 
+def settings(run: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings but its shard, which differs between shards by design."""
+    return {k: v for k, v in run["machine_info"][RECORD_KEY].get("settings", {}).items() if k != "shard"}
+
+
+def settings_diff(theirs: dict[str, Any], ours: dict[str, Any]) -> str:
+    """Only the keys that differ, "epochs 8 vs 40, profile 'smoke' vs 'quick'": whole
+    dicts of a dozen settings hide the one that matters."""
+    missing = object()
+
+    def show(value: object) -> str:
+        return "(not set)" if value is missing else repr(value)
+
+    return ", ".join(
+        f"{key} {show(theirs.get(key, missing))} vs {show(ours.get(key, missing))}"
+        for key in sorted(theirs.keys() | ours.keys())
+        if theirs.get(key, missing) != ours.get(key, missing)
+    )
+
+
 def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
     if not paths:
         raise MergeError("no shard files given")
@@ -40,17 +60,16 @@ def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
     merged["benchmarks"] = []
     seen: dict[str, Path] = {}
 
-    def settings(run: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in run["machine_info"][RECORD_KEY].get("settings", {}).items() if k != "shard"}
-
     for path, run in runs:
         for what, ours, theirs in (
             ("GPU", gpu_name(first["machine_info"]), gpu_name(run["machine_info"])),
             ("commit", first.get("commit_info", {}).get("id"), run.get("commit_info", {}).get("id")),
-            ("settings", settings(first), settings(run)),
         ):
             if ours != theirs:
                 raise MergeError(f"{path}: {what} {theirs!r} differs from {first_path}'s {ours!r}")
+        differ = settings_diff(settings(run), settings(first))
+        if differ:
+            raise MergeError(f"{path}: settings differ from {first_path}'s: {differ}")
         for bench in run["benchmarks"]:
             if bench["fullname"] in seen:
                 raise MergeError(f"{path}: {bench['fullname']} is also in {seen[bench['fullname']]}")

@@ -29,6 +29,10 @@ from tabulate import tabulate
 from bench.plugin.budgets import Budgets
 from bench.cases import TITLES
 from bench.plugin.compare import DIRECTIONS
+from bench.plugin.compare import FAILURE_METRICS
+from bench.plugin.compare import HISTORY_SETTINGS
+from bench.plugin.compare import MAX_HISTORY
+from bench.plugin.compare import check_against
 from bench.plugin.options import DEFAULT_BUDGETS
 from bench.tools.runs import Run
 from bench.tools.runs import find_run_files
@@ -37,13 +41,19 @@ from bench.monitor.series import read_series
 from bench.plugin.summary import COLUMNS
 from bench.plugin.summary import study_row
 
-HISTORY_METRICS = {  # extra_info key: (title, budget key for the allowed change); direction from DIRECTIONS
-    "median_epoch_s": ("median epoch time (s)", "time_slower_pct"),
-    "accuracy": ("test accuracy", "accuracy_drop_max"),
-    "macro_f1": ("macro-F1", "macro_f1_drop_max"),
-    "vram_peak_mib": ("allocator peak (MiB)", "memory_growth_pct"),
-    "energy_per_epoch_j": ("energy per epoch (J)", "energy_growth_pct"),
+HISTORY_METRICS = {  # extra_info key: title; direction from DIRECTIONS
+    "median_epoch_s": "median epoch time (s)",
+    "accuracy": "test accuracy",
+    "macro_f1": "macro-F1",
+    "vram_peak_mib": "allocator peak (MiB)",
+    "rss_peak_mib": "process RSS peak (MiB)",
+    "energy_per_epoch_j": "energy per epoch (J)",
 }
+NO_RUNS = "no mlp-loadbench runs with training cases"
+RUN_FIRST = "run `pytest bench/ --benchmark-autosave` first"
+
+# metric -> case -> index of the run that regressed against the one before -> the gate's message
+Flagged = dict[str, dict[str, dict[int, str]]]
 
 
 class ReportError(Exception):
@@ -123,51 +133,63 @@ def experiment_figures(run: Run, window: int, roots: Sequence[Path], warnings: l
     return out
 
 
-def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, list]], dict[str, dict[str, list[int]]]]:
-    """Per metric: case -> values across runs, and case -> indices of runs that regressed."""
+def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, list]], Flagged]:
+    """Per metric: case -> values across runs, and the runs that regressed against the run
+    before them, judged by the gate's own rules (check_against) so report and gate agree."""
     lines: dict[str, dict[str, list]] = {m: {} for m in HISTORY_METRICS}
-    flagged: dict[str, dict[str, list[int]]] = {m: {} for m in HISTORY_METRICS}
+    flagged: Flagged = {m: {} for m in HISTORY_METRICS}
     cases = sorted({b["extra_info"]["case"]: b["extra_info"]["experiment"] for r in runs for b in r.cases()}.items())
     for case, experiment in cases:
-        for metric, (_, key) in HISTORY_METRICS.items():
-            direction = DIRECTIONS[metric]
-            values = []
-            for run in runs:
-                info = next((b["extra_info"] for b in run.cases() if b["extra_info"]["case"] == case), {})
-                values.append(info.get(metric))
-            lines[metric][case] = values
-            limit = getattr(budgets.resolve(runs[-1].settings.get("profile", "quick"), experiment, case), key)
-            bad = []
-            for i in range(1, len(values)):
-                now, then = values[i], values[i - 1]
-                if limit is None or now is None or then is None or not then:
-                    continue
-                worse = (then - now) * direction if direction > 0 else now / then - 1
-                allowed = limit if direction > 0 else limit / 100
-                if worse > allowed:
-                    bad.append(i)
-            if bad:
-                flagged[metric][case] = bad
+        infos = [case_info(run, case) for run in runs]
+        for metric in HISTORY_METRICS:
+            lines[metric][case] = [info.get(metric) if info else None for info in infos]
+        for i in range(1, len(runs)):
+            now, then = infos[i], infos[i - 1]
+            if not now or not then:
+                continue  # the case is new or gone: nothing to judge
+            profile, dataset = runs[i].settings.get("profile", "quick"), runs[i].settings.get("dataset", "synthetic")
+            budget = budgets.resolve(profile, experiment, case, dataset)  # as the gate resolves it
+            history = noise_history(runs[:i], case)
+            for failure in check_against(budget=budget, current=now, baseline=then, history=history):
+                metric = FAILURE_METRICS.get(failure.metric, failure.metric)  # the gate's mapping: time ratio -> median
+                flagged.setdefault(metric, {}).setdefault(case, {})[i] = failure.message
     return lines, flagged
 
 
-def summary_markdown(runs: list[Run], flagged: dict[str, dict[str, list[int]]], warnings: list[str]) -> str:
-    latest = runs[-1]
+def case_info(run: Run, case: str) -> dict[str, Any] | None:
+    return next((b["extra_info"] for b in run.cases() if b["extra_info"]["case"] == case), None)
+
+
+def noise_history(earlier: list[Run], case: str) -> list[dict[str, Any]]:
+    """The case's records the gate would read for its run-to-run noise with the last of
+    `earlier` as baseline: that run and the newest before it on the same GPU model with
+    the same settings (compare.load_history, on runs already read), oldest first."""
+    baseline = earlier[-1]
+    same = [run for run in earlier if run.gpu == baseline.gpu
+            and all(run.settings.get(k) == baseline.settings.get(k) for k in HISTORY_SETTINGS)]  # fmt: skip
+    return [info for info in (case_info(run, case) for run in same[-MAX_HISTORY:]) if info]
+
+
+def summary_markdown(runs: list[Run], flagged: Flagged, warnings: list[str]) -> str:
+    latest, last = runs[-1], len(runs) - 1
     lines = [f"## mlp-loadbench: {latest.gpu}, {latest.label}", ""]
-    rows = []
+    rows, reasons = [], []
     for bench in latest.cases():
         info = bench["extra_info"]
-        marks = [m for m in HISTORY_METRICS if len(runs) - 1 in flagged[m].get(info["case"], [])]
+        marks = {m: cases[info["case"]][last] for m, cases in flagged.items() if last in cases.get(info["case"], {})}
         rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}", f"{info['macro_f1']:.3f}",
                      "REGRESSED: " + ", ".join(marks) if marks else "ok"])  # fmt: skip
+        reasons += [f"- {info['case']}, {metric}: {message}" for metric, message in marks.items()]
     lines += [tabulate(rows, headers=["case", "s/epoch", "accuracy", "macro-F1", "vs previous run"], tablefmt="github",
                        disable_numparse=True)]  # fmt: skip
+    if reasons:  # which rule of the gate flagged each regression
+        lines += ["", "Regressions against the previous run:", "", *reasons]
     lines += ["", f"{len(runs)} run(s) in the history."]
     lines += [f"- warning: {w}" for w in warnings]
     return "\n".join(lines) + "\n"
 
 
-def history_html(runs: list[Run], lines: dict, flagged: dict, extra_images: dict[str, bytes], summary: str) -> str:
+def history_html(runs: list[Run], lines: dict, flagged: Flagged, extra_images: dict[str, bytes], summary: str) -> str:
     from bench.tools.figures import history_figure
 
     labels = [r.label for r in runs]
@@ -178,7 +200,7 @@ def history_html(runs: list[Run], lines: dict, flagged: dict, extra_images: dict
         f"<h1>mlp-loadbench history: {html.escape(runs[-1].gpu)}</h1>",
         f"<pre>{html.escape(summary)}</pre>",
     ]
-    for metric, (title, _) in HISTORY_METRICS.items():
+    for metric, title in HISTORY_METRICS.items():
         direction = DIRECTIONS[metric]
         if not any(v is not None for values in lines[metric].values() for v in values):
             continue
@@ -194,10 +216,10 @@ def history_html(runs: list[Run], lines: dict, flagged: dict, extra_images: dict
 def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: Sequence[Path] = (),
                  budgets_path: Path = DEFAULT_BUDGETS) -> tuple[list[Path], list[str]]:  # fmt: skip
     runs, warnings = load_runs(paths)
-    runs = [r for r in runs if r.cases()] or runs
-    if not runs or not runs[-1].cases():
-        where = ", ".join(str(p) for p in paths[:3]) or "the storage"
-        raise ReportError(f"no mlp-loadbench runs with training cases in {where}; run `pytest bench/ --benchmark-autosave` first")
+    warnings += [f"skipped {r.path}: a run with no training cases" for r in runs if not r.cases()]
+    runs = [r for r in runs if r.cases()]
+    if not runs:
+        raise ReportError(nothing_to_report(paths, warnings))
     budgets = Budgets.load(budgets_path)
     latest = runs[-1]
     roots = [*series_roots, latest.path.parent, latest.path.parent.parent]
@@ -216,6 +238,14 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     return written, warnings
 
 
+def nothing_to_report(paths: Sequence[Path], warnings: list[str]) -> str:
+    """Why no run could be used, naming each file given and its reason."""
+    if not paths:
+        return f"{NO_RUNS}: no run files given; {RUN_FIRST}"
+    reasons = "; ".join(w.removeprefix("skipped ") for w in warnings)
+    return f"{NO_RUNS} in the {len(paths)} file(s) read: {reasons}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run files (default: every run in --storage)")
@@ -226,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, help="budgets that define a regression")
     args = parser.parse_args(argv)
     paths = list(args.runs) or find_run_files(args.storage)
+    if not paths:
+        print(f"mlp-loadbench report: {NO_RUNS} in {args.storage}: no run files there; {RUN_FIRST}", file=sys.stderr)
+        return 1
     try:
         written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets)
     except ReportError as exc:

@@ -39,15 +39,19 @@ def find_run_files(storage: Path) -> list[Path]:
 
 
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
+    """The runs read, oldest first, and a warning "skipped PATH: REASON" for each file not read."""
     runs, warnings = [], []
     for path in paths:
         if not path.is_file():
-            warnings.append(f"skipped {path}: no such file")
+            warnings.append(f"skipped {path}: {'not a file' if path.exists() else 'no such file'}")
+            continue
+        if path.stat().st_size == 0:
+            warnings.append(f"skipped {path}: empty file")  # clearer than JSON's "Expecting value"
             continue
         try:
             data = read_run(path)
         except BaselineError as exc:
-            warnings.append(f"skipped {path}: {str(exc).split(': ', 1)[-1]}")
+            warnings.append(f"skipped {path}: {unreadable_reason(path, exc)}")
             continue
         commit = str(data.get("commit_info", {}).get("id") or "unknown")
         runs.append(
@@ -62,3 +66,9 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
         )
     runs.sort(key=lambda run: run.datetime)
     return runs, warnings
+
+
+def unreadable_reason(path: Path, exc: BaselineError) -> str:
+    """read_run's reason without its "baseline PATH: " prefix or its advice after "; ",
+    which is about --benchmark-compare, not the report."""
+    return str(exc).removeprefix(f"baseline {path}: ").split("; ", 1)[0]

@@ -1,0 +1,242 @@
+"""The GitHub workflow files: valid against the schema, and safe to run on our GPU runner.
+
+The safety rules are checked on the parsed YAML by functions that return problems, so
+a test can also show that each check fails on a copy with its rule broken.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+GPU_LABEL = "gpu-bench"
+SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
+MAIN_PUSH = ("github.event_name == 'push'", "github.ref == 'refs/heads/main'")
+SAVES_BASELINE = ("--benchmark-save", "--benchmark-autosave")
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def triggers(workflow: dict[str, Any]) -> dict[str, Any]:
+    """The `on:` table, whichever of its three forms the file uses. YAML 1.1 reads the bare key `on` as True."""
+    on = workflow.get("on", workflow.get(True))
+    if isinstance(on, str):
+        return {on: None}
+    if isinstance(on, list):
+        return dict.fromkeys(on)
+    return on
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def guard_problems(workflow: dict[str, Any], job: str = "bench") -> list[str]:
+    """A job on the self-hosted runner must not run a fork's pull request unless a maintainer labelled it."""
+    problems = []
+    pull_request = triggers(workflow).get("pull_request") or {}
+    if "labeled" not in pull_request.get("types", []):
+        problems.append("pull_request does not trigger on 'labeled': the label cannot start the job")
+    guard = " ".join(str(workflow["jobs"][job].get("if", "")).split())
+    if SAME_REPO not in guard:
+        problems.append(f"jobs.{job}.if does not require the pull request's head repository to be this one")
+    if f"'{GPU_LABEL}'" not in guard:
+        problems.append(f"jobs.{job}.if does not name the maintainers' label {GPU_LABEL!r}")
+    for event in ("fork_opened", "fork_synchronize", "fork_synchronize_labelled", "own_labeled_other"):
+        if evaluate(guard, EVENTS[event]):
+            problems.append(f"jobs.{job}.if runs the job on {event}")
+    for event in ("push_main", "own_opened", "own_synchronize", "fork_labeled_gpu"):
+        if not evaluate(guard, EVENTS[event]):
+            problems.append(f"jobs.{job}.if skips the job on {event}")
+    return problems
+
+
+def permission_problems(workflow: dict[str, Any]) -> list[str]:
+    """Least privilege: a read-only token at the top; a job adds only what it needs, never write-all."""
+    top = workflow.get("permissions")
+    if not isinstance(top, dict):
+        return [f"top-level permissions is {top!r}: name each scope (contents: read)"]
+    problems = [f"top-level permissions gives {scope}: {level}" for scope, level in top.items() if level == "write"]
+    if top.get("contents") not in ("read", "none"):
+        problems.append(f"top-level permissions has contents: {top.get('contents')!r}, not read")
+    for name, job in workflow.get("jobs", {}).items():
+        if job.get("permissions") in ("write-all", "read-all"):
+            problems.append(f"jobs.{name}.permissions is {job['permissions']}")
+    return problems
+
+
+def baseline_problems(workflow: dict[str, Any]) -> list[str]:
+    """A step that saves a baseline runs only on a push to main, or a pull request could plant one."""
+    problems = []
+    for name, job in workflow.get("jobs", {}).items():
+        for step in job.get("steps", []):
+            if not any(flag in str(step.get("run", "")) for flag in SAVES_BASELINE):
+                continue
+            condition = " ".join(str(step.get("if", "")).split())
+            if not all(part in condition for part in MAIN_PUSH) or "||" in condition:
+                problems.append(f"jobs.{name}: step {step.get('name')!r} saves a baseline under if: {condition!r}")
+    return problems
+
+
+# ------------------------------------------- the guard's meaning, on sample events
+
+REPO = "owner/mlp-loadbench"
+
+
+def pull_request(action: str, fork: bool, labels: tuple[str, ...] = (), label: str | None = None) -> dict[str, Any]:
+    """The contexts an `if:` sees for a pull_request event (`label`: the one a 'labeled' event adds)."""
+    contexts = {
+        "github.event_name": "pull_request",
+        "github.event.action": action,
+        "github.event.pull_request.head.repo.full_name": "someone/mlp-loadbench" if fork else REPO,
+        "github.event.pull_request.labels.*.name": list(labels),
+    }
+    return contexts | ({"github.event.label.name": label} if label else {})
+
+
+EVENTS = {  # name: the contexts an `if:` sees for that event
+    "push_main": {"github.event_name": "push", "github.ref": "refs/heads/main"},
+    "own_opened": pull_request("opened", fork=False),
+    "own_synchronize": pull_request("synchronize", fork=False),
+    "own_labeled_other": pull_request("labeled", fork=False, labels=("docs",), label="docs"),
+    "fork_opened": pull_request("opened", fork=True),
+    "fork_synchronize": pull_request("synchronize", fork=True),
+    # a fork's push after a maintainer labelled an earlier commit: not read yet
+    "fork_synchronize_labelled": pull_request("synchronize", fork=True, labels=(GPU_LABEL,)),
+    "fork_labeled_gpu": pull_request("labeled", fork=True, labels=(GPU_LABEL,), label=GPU_LABEL),
+}
+IDENTIFIER = r"[A-Za-z_][\w.\-*]*"
+
+
+def evaluate(expression: str, event: dict[str, Any]) -> bool:
+    """A GitHub `if:` expression of contexts, literals, ==, !=, &&, ||, parentheses and
+    contains(), for one sample event. An unset context is null, and no `if:` always runs, as on GitHub."""
+    expression = expression.strip().removeprefix("${{").removesuffix("}}")
+    if not expression.strip():
+        return True
+    contexts = {"github.repository": REPO, **event}
+    literals = {"true": "True", "false": "False", "null": "None", "contains": "contains"}
+    python = []
+    for token in re.findall(rf"'[^']*'|==|!=|&&|\|\||[(),]|{IDENTIFIER}|\S", expression):
+        if token.startswith("'") or token in ("==", "!=", "(", ")", ","):
+            python.append(token)
+        elif token in ("&&", "||"):
+            python.append({"&&": "and", "||": "or"}[token])
+        elif token in literals:
+            python.append(literals[token])
+        elif re.fullmatch(IDENTIFIER, token):
+            python.append(repr(contexts.get(token)))
+        else:
+            raise ValueError(f"the test's evaluator does not know {token!r} in {expression!r}")
+    namespace = {"__builtins__": {}, "contains": lambda within, item: within is not None and item in within}
+    return bool(eval(" ".join(python), namespace))  # only literals, comparisons, and/or, contains
+
+
+# ------------------------------------------------------------------------ tests
+
+
+def test_workflow_files_are_valid() -> None:
+    workflows = sorted(WORKFLOWS.glob("*.yml"))
+    assert {p.name for p in workflows} == {"ci.yml", "gpu-bench.yml"}
+    result = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, workflows)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_broken_workflow_is_caught(tmp_path) -> None:
+    broken = tmp_path / "broken.yml"
+    broken.write_text("on: push\njobs:\n  a:\n    runs-onn: ubuntu-latest\n    steps:\n      - run: echo\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(broken)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode != 0 and "runs-on" in result.stdout
+
+
+def test_the_gpu_job_runs_a_pull_request_only_from_here_or_labelled() -> None:
+    assert guard_problems(load("gpu-bench.yml")) == []
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "gpu-bench.yml"])
+def test_every_workflow_has_least_privilege_permissions(name) -> None:
+    assert permission_problems(load(name)) == []
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "gpu-bench.yml"])
+def test_only_a_push_to_main_saves_a_baseline(name) -> None:
+    assert baseline_problems(load(name)) == []
+
+
+def test_gpu_bench_saves_a_baseline_somewhere() -> None:
+    # Else the baseline check above would pass by finding nothing to check.
+    steps = load("gpu-bench.yml")["jobs"]["bench"]["steps"]
+    assert any("--benchmark-save" in str(step.get("run", "")) for step in steps)
+
+
+def test_the_guard_check_fails_without_the_guard() -> None:
+    workflow = copy.deepcopy(load("gpu-bench.yml"))
+    del workflow["jobs"]["bench"]["if"]
+    problems = guard_problems(workflow)
+    assert any("head repository" in p for p in problems) and any(GPU_LABEL in p for p in problems)
+    assert any("runs the job on fork_opened" in p for p in problems)
+
+
+def test_the_guard_check_fails_on_a_label_that_stays_on() -> None:
+    # "The pull request carries the label" would run a fork's pushes made after the label.
+    workflow = copy.deepcopy(load("gpu-bench.yml"))
+    carries = f"contains(github.event.pull_request.labels.*.name, '{GPU_LABEL}')"
+    workflow["jobs"]["bench"]["if"] = f"github.event_name == 'push' || {SAME_REPO} || {carries}"
+    assert "jobs.bench.if runs the job on fork_synchronize_labelled" in guard_problems(workflow)
+
+
+def test_the_guard_check_needs_the_labeled_trigger() -> None:
+    workflow = copy.deepcopy(load("gpu-bench.yml"))
+    triggers(workflow)["pull_request"]["types"].remove("labeled")
+    assert any("'labeled'" in p for p in guard_problems(workflow))
+
+
+@pytest.mark.parametrize(
+    "permissions", [None, "write-all", "read-all", {"contents": "write"}, {"contents": "read", "packages": "write"}]
+)
+def test_the_permission_check_fails_on_broad_tokens(permissions) -> None:
+    workflow = copy.deepcopy(load("ci.yml"))
+    workflow.pop("permissions")
+    if permissions is not None:
+        workflow["permissions"] = permissions
+    assert permission_problems(workflow) != []
+
+
+def test_the_baseline_check_fails_when_a_pull_request_can_save() -> None:
+    workflow = copy.deepcopy(load("gpu-bench.yml"))
+    for step in workflow["jobs"]["bench"]["steps"]:
+        if "--benchmark-save" in str(step.get("run", "")):
+            step["if"] = "github.event_name == 'push'"  # any branch's push
+    assert baseline_problems(workflow) != []
+    for step in workflow["jobs"]["bench"]["steps"]:
+        if "--benchmark-save" in str(step.get("run", "")):
+            del step["if"]
+    assert baseline_problems(workflow) != []
+
+
+def test_the_evaluator_reads_github_expressions() -> None:
+    event = {"github.event_name": "pull_request", "github.event.action": "labeled", "github.event.label.name": "x"}
+    assert evaluate("github.event_name == 'pull_request' && (github.event.action != 'opened' || false)", event)
+    assert not evaluate("github.event.label.name == 'gpu-bench'", event)
+    assert not evaluate("github.event.pull_request.title == 'x'", {})  # unset: null
+    labels = {"github.event.pull_request.labels.*.name": ["a"]}
+    assert evaluate("contains(github.event.pull_request.labels.*.name, 'a')", labels)
+    assert evaluate("${{ github.event_name == 'push' }}", EVENTS["push_main"])
+    with pytest.raises(ValueError, match="does not know"):
+        evaluate("!github.event.label", event)
