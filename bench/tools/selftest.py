@@ -1,0 +1,625 @@
+"""The time gate's self-test: how often the gate fails a case that did not change, how
+often it catches a planted slowdown, and which per-case budget keeps it quiet.
+
+    python -m bench.tools.selftest -k EXPR [--runs N] [--plant PCT ...] [--mode host|gpu]
+                                   [--out DIR] [--path PATH] [--budgets PATH] [-- PYTEST ARGS...]
+    python -m bench.tools.selftest --from DIR [--out DIR] [--budgets PATH]
+
+e.g. ``python -m bench.tools.selftest -k "units or batch" --runs 10 --plant 5 --plant 15
+--mode gpu --out selftest/``.
+
+Running: the chosen cases run N times as they are (A/A), then N times for each planted
+slowdown X (``--plant-slowdown=X:MODE``, inside every timed epoch), each run one
+``python -m pytest PATH -k EXPR -p no:cacheprovider -q --benchmark-json=...`` in the
+current directory with the arguments after ``--``. Its output goes to a log beside
+its JSON, its load series under ``OUT/series/<run>/`` unless the arguments name a
+``--series-dir``. A run whose pytest exits 1 (a case broke its own budgets, e.g. an
+accuracy floor) still counts once its JSON is written. ``--budgets`` names the file
+the analysis judges with; pytest runs get theirs after ``--``.
+
+Run files, as written here and as ``--from DIR`` reads them (so a GPU campaign can run
+pytest itself, several runs at once on several GPUs, and analyse afterwards):
+
+    aa-01.json ... aa-NN.json             A/A runs, in run order (numbered from 01)
+    plantX-01.json ... plantX-NN.json     runs with --plant-slowdown=X[:MODE]; X the percentage
+                                          as written by `{X:02g}`: plant05-01.json, plant15-03.json
+
+All runs must come from one GPU model and the same settings (the gate's own list,
+``compare.HISTORY_SETTINGS``, the plant aside), A/A runs without a plant and each
+plantX run with X; every run must hold the same cases.
+
+Analysis, per case (benchmark fullname), with the gate's own functions
+(``compare.check_time``, ``estimate_noise``, ``time_limit``) and the case's budget from
+the budgets file resolved for the runs' profile and dataset. Histories hold at most the
+newest ``compare.MAX_HISTORY`` runs, as the suite's do.
+
+- false alarms: for i = 2..N, A/A run i judged against run i-1 with history = runs
+  1..i-1; rate = failures / (N - 1).
+- detection at X: each plantX run judged against the last A/A run with history = all
+  A/A runs; rate = failures / (plantX runs).
+- spread: ``estimate_noise`` over all A/A runs (standard deviation of log run medians).
+- largest A/A change: the largest change of the median steady epoch between
+  consecutive A/A runs, either way, as a slowdown: max(r, 1/r) - 1, r = now / before.
+- smallest detectable now: ``time_limit(budget, noise of the A/A history)``, the
+  slowdown a run must exceed to fail against these runs.
+- suggested time_slower_pct = max(1.0, k x spread, 1.5 x largest A/A change), in
+  percent, rounded UP to 0.5; k = the budget's time_noise_k or compare.DEFAULT_NOISE_K.
+  None while the spread is unknown (fewer than compare.MIN_NOISE_DOF + 1 run medians).
+
+Writes ``OUT/selftest.md`` (the table, also printed) and ``OUT/suggested-budgets.toml``
+(one ``[profiles.<profile>.cases."<case id>"]`` table per case, loadable by
+``Budgets.load``). Exits 2 with one line on unusable input.
+
+Hand-written: the campaign (naming, checks), the counts, the suggestion and the outputs.
+The verdicts and the noise come from bench.plugin.compare unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from bench.plugin.budgets import Budget
+from bench.plugin.budgets import BudgetError
+from bench.plugin.budgets import Budgets
+from bench.plugin.compare import DEFAULT_NOISE_K
+from bench.plugin.compare import HISTORY_SETTINGS
+from bench.plugin.compare import MAX_HISTORY
+from bench.plugin.compare import MIN_NOISE_DOF
+from bench.plugin.compare import RECORD_KEY
+from bench.plugin.compare import BaselineError
+from bench.plugin.compare import check_time
+from bench.plugin.compare import estimate_noise
+from bench.plugin.compare import gpu_name
+from bench.plugin.compare import read_run
+from bench.plugin.compare import time_limit
+from bench.plugin.compare import time_samples
+from bench.plugin.options import DEFAULT_BUDGETS
+
+FORMULA = (
+    "suggested time_slower_pct = max(1.0, k x spread, 1.5 x largest A/A change) in percent, "
+    "rounded up to 0.5 (k: the budget's time_noise_k, default 3)"
+)
+CHANGE_MARGIN = 1.5  # how far above the largest A/A change the budget sits
+MIN_SUGGESTED_PCT = 1.0  # a floor: ten quiet runs can understate the jitter of a very steady case
+AA_NAME = re.compile(r"^aa-(\d+)\.json$")
+PLANT_NAME = re.compile(r"^plant(\d+(?:\.\d+)?)-(\d+)\.json$")
+PYTEST_OK = (0, 1)  # 1: a case broke its own budgets; its record is still in the JSON
+EPILOG = """\
+Everything after -- goes to every pytest run unchanged (profile, device, dataset, ...), e.g.:
+
+    python -m bench.tools.selftest -k units-512 --runs 10 --plant 5 --mode gpu -- --profile quick
+
+Run files (written here, read by --from): aa-01.json ... aa-NN.json and plantX-01.json ...,
+X the planted percentage (plant05-01.json, plant15-02.json).
+"""
+
+
+class SelftestError(Exception):
+    """The self-test cannot go on; the message is one line that says why."""
+
+
+# ------------------------------------------------------------------------ the run files
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """The run files of one self-test, each as (file name, run dict), in run order."""
+
+    aa: list[tuple[str, dict[str, Any]]]
+    planted: dict[float, list[tuple[str, dict[str, Any]]]] = field(default_factory=dict)  # percentage -> runs
+
+    @property
+    def aa_runs(self) -> list[dict[str, Any]]:
+        return [run for _, run in self.aa]
+
+    @property
+    def planted_runs(self) -> dict[float, list[dict[str, Any]]]:
+        return {pct: [run for _, run in runs] for pct, runs in sorted(self.planted.items())}
+
+    def labelled(self) -> list[tuple[str, dict[str, Any]]]:
+        return self.aa + [entry for pct in sorted(self.planted) for entry in self.planted[pct]]
+
+
+def run_name(plant_pct: float | None, index: int) -> str:
+    """aa-01, plant05-01: the stem of a run's files."""
+    return f"aa-{index:02d}" if plant_pct is None else f"plant{plant_pct:02g}-{index:02d}"
+
+
+def classify(name: str) -> tuple[float | None, int] | None:
+    """(planted percentage or None for A/A, run number) from a run file's name; None: not one."""
+    if found := AA_NAME.match(name):
+        return None, int(found.group(1))
+    if found := PLANT_NAME.match(name):
+        return float(found.group(1)), int(found.group(2))
+    return None
+
+
+def run_files(folder: Path) -> list[Path]:
+    """The self-test's run files in `folder`; other files there (the outputs, logs) are
+    passed over, but a JSON named like a run file that does not parse as one is an error."""
+    if not folder.is_dir():
+        raise SelftestError(f"{folder}: no such directory")
+    paths = sorted(folder.glob("*.json"))
+    for path in paths:
+        if path.name.startswith(("aa-", "plant")) and classify(path.name) is None:
+            raise SelftestError(f"{path}: not a self-test run name; use aa-NN.json or plantX-NN.json "
+                                "(X the percentage)")  # fmt: skip
+    found = [path for path in paths if classify(path.name) is not None]
+    if not found:
+        raise SelftestError(f"{folder}: no self-test run files (aa-NN.json, plantX-NN.json)")
+    return found
+
+
+def load_campaign(paths: Sequence[Path]) -> Campaign:
+    """Read the run files named aa-NN / plantX-NN; SelftestError on anything unusable."""
+    aa: list[tuple[int, str, dict[str, Any]]] = []
+    planted: dict[float, list[tuple[int, str, dict[str, Any]]]] = {}
+    for path in paths:
+        kind = classify(path.name)
+        if kind is None:
+            raise SelftestError(f"{path}: not a self-test run name; use aa-NN.json or plantX-NN.json")
+        try:
+            run = read_run(path)
+        except BaselineError as exc:
+            raise SelftestError(str(exc).replace("baseline ", "run ", 1)) from None
+        pct, index = kind
+        (aa if pct is None else planted.setdefault(pct, [])).append((index, path.name, run))
+    if not aa:
+        where = f" in {paths[0].parent}" if paths else ""
+        raise SelftestError(f"no A/A run files (aa-NN.json){where}: the planted runs need them as baseline")
+
+    def ordered(entries: list[tuple[int, str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+        entries = sorted(entries, key=lambda entry: entry[0])  # by number: run order, also past 99
+        for (index, one, _), (again, other, _) in zip(entries, entries[1:]):
+            if index == again:
+                raise SelftestError(f"{one} and {other} are both run {index}: keep one")
+        return [(name, run) for _, name, run in entries]
+
+    campaign = Campaign(ordered(aa), {pct: ordered(runs) for pct, runs in planted.items()})
+    check_campaign(campaign)
+    return campaign
+
+
+# ------------------------------------------------------------------------ checks
+
+
+def settings(run: dict[str, Any]) -> dict[str, Any]:
+    return run["machine_info"][RECORD_KEY].get("settings", {}) or {}
+
+
+def plant_pct(plant: object) -> float | None:
+    """The percentage of a recorded plant setting ('5%:gpu' -> 5.0); None without one."""
+    if not plant:
+        return None
+    try:
+        return float(str(plant).partition("%")[0])
+    except ValueError:
+        return math.nan  # recorded, but not as --plant-slowdown writes it: never equal to a name's X
+
+
+def timed_cases(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """fullname -> extra_info of the benchmarks that are timed training cases."""
+    return {
+        b["fullname"]: b["extra_info"]
+        for b in run["benchmarks"]
+        if "case" in b.get("extra_info", {}) and time_samples(b["extra_info"])
+    }
+
+
+def check_campaign(campaign: Campaign) -> None:
+    """One GPU model and one set of settings, the plant the names say, the same cases."""
+    if len(campaign.aa) < 2:
+        raise SelftestError(f"{len(campaign.aa)} A/A run: the false-alarm rate needs at least 2 (--runs 2)")
+    first_name, first = campaign.aa[0]
+    gpu, base = gpu_name(first["machine_info"]), settings(first)
+    keys = [key for key in HISTORY_SETTINGS if key != "plant"]  # the plant differs by design
+    for name, run in campaign.labelled():
+        if gpu_name(run["machine_info"]) != gpu:
+            raise SelftestError(f"{name}: measured on {gpu_name(run['machine_info'])}, {first_name} on {gpu}: "
+                                "a self-test's runs must come from one GPU model")  # fmt: skip
+        ours = settings(run)
+        differ = ", ".join(f"{k} {ours.get(k)!r} vs {base.get(k)!r}" for k in keys if ours.get(k) != base.get(k))
+        if differ:
+            raise SelftestError(f"{name}: settings differ from {first_name}'s: {differ}")
+    for name, run in campaign.aa:
+        if settings(run).get("plant"):
+            raise SelftestError(f"{name}: ran with --plant-slowdown {settings(run)['plant']}; A/A runs run without one")
+    for pct, runs in campaign.planted.items():
+        for name, run in runs:
+            recorded = settings(run).get("plant")
+            if plant_pct(recorded) != pct:
+                what = f"--plant-slowdown {recorded}" if recorded else "no planted slowdown"
+                raise SelftestError(f"{name}: ran with {what}, but its name says {pct:g}%")
+    check_same_cases(campaign)
+
+
+def check_same_cases(campaign: Campaign) -> None:
+    every = [(name, set(timed_cases(run))) for name, run in campaign.labelled()]
+    union = set().union(*(cases for _, cases in every))
+    if not union:
+        raise SelftestError(f"no timed training cases in {campaign.aa[0][0]} or the other runs")
+    for name, cases in every:
+        missing = sorted(union - cases)
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise SelftestError(f"{name}: lacks {len(missing)} case(s) that other runs hold: {shown}")
+
+
+# ------------------------------------------------------------------------ analysis
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    fullname: str
+    case_id: str
+    experiment: str
+    runs: int  # A/A runs
+    spread: float | None  # relative; None while unknown
+    largest_change: float  # relative, as a slowdown
+    false_alarms: int
+    comparisons: int  # A/A judgements: runs - 1
+    detected: dict[float, tuple[int, int]]  # planted percentage -> (runs failed, runs)
+    detectable: float | None  # relative limit now; None when the budget does not judge time
+    detectable_rule: str
+    k: float
+    suggested_pct: float | None
+
+
+def median_epoch(extra_info: dict[str, Any]) -> float:
+    """The median steady epoch, as check_time takes it."""
+    return statistics.median(time_samples(extra_info))
+
+
+def largest_change(records: Sequence[dict[str, Any]]) -> float:
+    """The largest change of the median epoch between consecutive runs, either way, as a
+    slowdown: which run of a pair came first is chance, so a speedup counts as well."""
+    changes = [0.0]
+    for before, now in zip(records, records[1:]):
+        ratio = median_epoch(now) / median_epoch(before)
+        changes.append(max(ratio, 1 / ratio) - 1)
+    return max(changes)
+
+
+def gate_history(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the suite would hold as stored history: the newest MAX_HISTORY runs."""
+    return list(records[-MAX_HISTORY:])
+
+
+def count_false_alarms(budget: Budget, aa: Sequence[dict[str, Any]]) -> int:
+    """A/A run i against run i-1, history runs 1..i-1, for i = 2..N: how many failed."""
+    return sum(bool(check_time(budget, aa[i], aa[i - 1], history=gate_history(aa[:i]))) for i in range(1, len(aa)))
+
+
+def count_detections(budget: Budget, aa: Sequence[dict[str, Any]], planted: Sequence[dict[str, Any]]) -> int:
+    """Planted runs against the last A/A run, history all A/A runs: how many failed."""
+    history = gate_history(aa)
+    return sum(bool(check_time(budget, run, aa[-1], history=history)) for run in planted)
+
+
+def noise_k(budget: Budget) -> float:
+    return budget.time_noise_k if budget.time_noise_k is not None else DEFAULT_NOISE_K
+
+
+def suggest_pct(k: float, spread: float | None, change: float) -> float | None:
+    """max(1.0, k x spread, 1.5 x largest change) in percent, rounded up to 0.5; None
+    while the spread is unknown: a budget from two runs would only guess."""
+    if spread is None:
+        return None
+    pct = max(MIN_SUGGESTED_PCT, 100 * k * spread, 100 * CHANGE_MARGIN * change)
+    return math.ceil(round(2 * pct, 9)) / 2  # round(): 3 x 0.5% must stay 1.5, not 1.5000000001 -> 2.0
+
+
+def smallest_detectable(budget: Budget, aa: Sequence[dict[str, Any]]) -> tuple[float | None, str]:
+    """time_limit against the A/A history, and a short name of the rule that set it."""
+    if budget.time_slower_pct is None:
+        return None, "time not judged (no time_slower_pct)"
+    noise = estimate_noise(gate_history(aa))
+    limit, rule = time_limit(budget, noise)
+    if rule.startswith("budget"):
+        return limit, "budget"
+    return limit, f"{noise_k(budget):g} x spread" if noise.known else "noise unknown"
+
+
+def analyse_case(
+    budget: Budget, fullname: str, aa: Sequence[dict[str, Any]], planted: dict[float, Sequence[dict[str, Any]]]
+) -> CaseResult:
+    """One case's figures from its extra_info records: A/A in run order, planted per percentage."""
+    spread = estimate_noise(aa).spread
+    change = largest_change(aa)
+    detectable, rule = smallest_detectable(budget, aa)
+    return CaseResult(
+        fullname=fullname,
+        case_id=str(aa[0].get("case", fullname)),
+        experiment=str(aa[0].get("experiment", "")),
+        runs=len(aa),
+        spread=spread,
+        largest_change=change,
+        false_alarms=count_false_alarms(budget, aa),
+        comparisons=len(aa) - 1,
+        detected={pct: (count_detections(budget, aa, runs), len(runs)) for pct, runs in sorted(planted.items())},
+        detectable=detectable,
+        detectable_rule=rule,
+        k=noise_k(budget),
+        suggested_pct=suggest_pct(noise_k(budget), spread, change),
+    )
+
+
+def analyse(
+    aa_runs: Sequence[dict[str, Any]], planted_runs: dict[float, Sequence[dict[str, Any]]], budgets: Budgets
+) -> list[CaseResult]:
+    """Every case of the runs (checked alike beforehand), in name order."""
+    run_settings = settings(aa_runs[0])
+    profile, dataset = run_settings.get("profile", "smoke"), run_settings.get("dataset", "synthetic")
+    results = []
+    for fullname in sorted(timed_cases(aa_runs[0])):
+        aa = [timed_cases(run)[fullname] for run in aa_runs]
+        planted = {pct: [timed_cases(run)[fullname] for run in runs] for pct, runs in planted_runs.items()}
+        budget = budgets.resolve(profile, str(aa[0].get("experiment", "")), str(aa[0].get("case", "")), dataset)
+        results.append(analyse_case(budget, fullname, aa, planted))
+    return results
+
+
+@dataclass(frozen=True)
+class Totals:
+    false_alarms: int
+    comparisons: int
+    caught_always: dict[float, int]  # percentage -> cases caught in every planted run
+    cases: int
+
+
+def totals(results: Sequence[CaseResult]) -> Totals:
+    pcts = sorted({pct for r in results for pct in r.detected})
+    return Totals(
+        false_alarms=sum(r.false_alarms for r in results),
+        comparisons=sum(r.comparisons for r in results),
+        caught_always={pct: sum(r.detected.get(pct, (0, 1))[0] == r.detected.get(pct, (0, 1))[1] for r in results)
+                       for pct in pcts},  # fmt: skip
+        cases=len(results),
+    )
+
+
+# ------------------------------------------------------------------------ outputs
+
+
+def percent(value: float | None, unknown: str = "unknown") -> str:
+    return unknown if value is None else f"{100 * value:.2f}%"
+
+
+def table(results: Sequence[CaseResult]) -> str:
+    pcts = sorted({pct for r in results for pct in r.detected})
+    headers = ["case", "runs", "spread", "largest A/A change", "false alarms"]
+    headers += [f"detected at +{pct:g}%" for pct in pcts] + ["smallest detectable now", "suggested time_slower_pct"]
+    rows = []
+    for r in results:
+        needs = f"unknown (needs {MIN_NOISE_DOF + 1} runs)"
+        detected = [f"{r.detected[pct][0]}/{r.detected[pct][1]}" if pct in r.detected else "-" for pct in pcts]
+        rows.append([
+            r.case_id, r.runs, percent(r.spread, needs), percent(r.largest_change),
+            f"{r.false_alarms}/{r.comparisons}", *detected,
+            f"{percent(r.detectable, 'n/a')} ({r.detectable_rule})",
+            "n/a (spread unknown)" if r.suggested_pct is None else f"{r.suggested_pct:.1f}",
+        ])  # fmt: skip
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def totals_line(t: Totals) -> str:
+    parts = [f"false failures {t.false_alarms}/{t.comparisons} A/A comparisons over {t.cases} case(s)"]
+    parts += [f"+{pct:g}% caught in every run in {n}/{t.cases} case(s)" for pct, n in t.caught_always.items()]
+    return "totals: " + "; ".join(parts)
+
+
+def describe(campaign: Campaign) -> str:
+    """Where and how the runs were made, for the outputs' headers."""
+    first = campaign.aa_runs[0]
+    s = settings(first)
+    commit = str(first.get("commit_info", {}).get("id") or "unknown")[:12]
+    planted_runs = [run for runs in campaign.planted_runs.values() for run in runs]
+    plants = list(dict.fromkeys(str(settings(run).get("plant")) for run in planted_runs))  # in percentage order
+    planted = f"; planted {', '.join(plants)}" if plants else "; nothing planted"
+    shown = ", ".join(f"{key} {s.get(key)}" for key in ("profile", "epochs", "dataset", "loop", "impl", "precision"))
+    return f"{gpu_name(first['machine_info'])}, commit {commit}, {shown}; {len(campaign.aa)} A/A runs{planted}"
+
+
+def markdown(campaign: Campaign, results: Sequence[CaseResult], budgets_path: Path) -> str:
+    return "\n".join([
+        "# Time gate self-test",
+        "",
+        f"Runs: {describe(campaign)}. Budgets: {budgets_path}.",
+        "",
+        "False alarms: A/A run i judged against run i-1 (history runs 1..i-1). Detected: each planted run judged "
+        "against the last A/A run (history all A/A runs). Spread: standard deviation of log run medians over the "
+        "A/A runs. Largest A/A change: between consecutive A/A runs, either way. Smallest detectable now: the "
+        "slowdown a run must exceed to fail against this history.",
+        "",
+        f"{FORMULA}.",
+        "",
+        table(results),
+        "",
+        totals_line(totals(results)),
+        "",
+    ])  # fmt: skip
+
+
+def toml_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def suggested_toml(campaign: Campaign, results: Sequence[CaseResult]) -> str:
+    """The suggestions in the budgets file's own format: one table per case id."""
+    from bench.cases import CASE_IDS  # the ids Budgets.load accepts
+
+    profile = settings(campaign.aa_runs[0]).get("profile", "smoke")
+    lines = [
+        "# Suggested time budgets from `python -m bench.tools.selftest` (generated: review, then copy",
+        "# the tables you want into bench/budgets.toml).",
+        f"# {FORMULA}.",
+        f"# Measured on: {describe(campaign)}.",
+        "",
+    ]
+    for case_id, group in by_case_id(results).items():
+        evidence = "; ".join(
+            f"spread {percent(r.spread)} over {r.runs} runs (k {r.k:g}), largest A/A change {percent(r.largest_change)}"
+            for r in group
+        )
+        header = f"[profiles.{profile}.cases.{toml_string(case_id)}]"
+        known = [r.suggested_pct for r in group if r.suggested_pct is not None]
+        if case_id not in CASE_IDS:
+            lines += [f"# {header}: {case_id!r} is not a case id of bench/cases.py; not written ({evidence})", ""]
+        elif len(known) < len(group):
+            lines += [f"# {header}: no suggestion: spread unknown with fewer than {MIN_NOISE_DOF + 1} A/A runs "
+                      f"({evidence})", ""]  # fmt: skip
+        else:
+            lines += [f"# {evidence}", header, f"time_slower_pct = {max(known):.1f}", ""]
+    return "\n".join(lines)
+
+
+def by_case_id(results: Sequence[CaseResult]) -> dict[str, list[CaseResult]]:
+    """Budgets are keyed by case id; two benchmarks of one id share the larger suggestion."""
+    groups: dict[str, list[CaseResult]] = {}
+    for r in results:
+        groups.setdefault(r.case_id, []).append(r)
+    return groups
+
+
+def write_outputs(out: Path, campaign: Campaign, results: Sequence[CaseResult], budgets_path: Path) -> str:
+    from bench.tools.report import write_atomic
+
+    text = markdown(campaign, results, budgets_path)
+    write_atomic(out / "selftest.md", text)
+    write_atomic(out / "suggested-budgets.toml", suggested_toml(campaign, results))
+    return text
+
+
+# ------------------------------------------------------------------------ running
+
+
+def pytest_command(path: str, expr: str, out_json: Path, plant: str | None, extra: Sequence[str]) -> list[str]:
+    plant_args = [f"--plant-slowdown={plant}"] if plant else []
+    return [sys.executable, "-m", "pytest", path, "-k", expr, "-p", "no:cacheprovider", "-q",
+            f"--benchmark-json={out_json}", *plant_args, *extra]  # fmt: skip
+
+
+def run_one(command: list[str], out_json: Path, name: str, log: Path) -> tuple[int, float]:
+    """One pytest run into `out_json`, its output into `log`: (exit code, seconds)."""
+    out_json.unlink(missing_ok=True)  # a JSON left from an earlier campaign must not pass for this run's
+    start = time.perf_counter()
+    with log.open("w", encoding="utf-8") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - start
+    if code not in PYTEST_OK or not out_json.is_file():
+        why = f"pytest exit {code}" + ("" if out_json.is_file() else ", no JSON written")
+        raise SelftestError(f"run {name} failed ({why}; output in {log}): {shlex.join(command)}")
+    return code, seconds
+
+
+def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[float], mode: str,
+                 extra: Sequence[str]) -> list[Path]:  # fmt: skip
+    """Every run, A/A first, printing a line per run; the JSON files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    plan = [(None, i) for i in range(1, runs + 1)] + [(pct, i) for pct in plants for i in range(1, runs + 1)]
+    own_series = any(arg.startswith("--series-dir") for arg in extra)
+    written = []
+    for step, (pct, index) in enumerate(plan, 1):
+        name = run_name(pct, index)
+        series = [] if own_series else [f"--series-dir={out / 'series' / name}"]
+        plant = f"{pct:g}:{mode}" if pct is not None else None
+        command = pytest_command(path, expr, out / f"{name}.json", plant, [*series, *extra])
+        code, seconds = run_one(command, out / f"{name}.json", name, out / f"{name}.log")
+        note = " (a case broke its own budgets; its record counts)" if code == 1 else ""
+        print(f"[{step:>{len(str(len(plan)))}}/{len(plan)}] {name}: {seconds:.1f} s, pytest exit {code}{note}",
+              flush=True)  # fmt: skip
+        written.append(out / f"{name}.json")
+    return written
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def parse_pct(value: str) -> float:
+    try:
+        pct = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a percentage") from None
+    if not 0 < pct <= 1000:
+        raise argparse.ArgumentTypeError(f"{value!r}: the planted slowdown must be in (0, 1000] percent")
+    return pct
+
+
+def parse_runs(value: str) -> int:
+    if not value.isdigit() or int(value) < 2:
+        raise argparse.ArgumentTypeError(f"{value!r}: at least 2 runs (one A/A comparison)")
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.tools.selftest",
+        usage="%(prog)s (-k EXPR | --from DIR) [--runs N] [--plant PCT ...] [--mode host|gpu] [--out DIR] "
+              "[--path PATH] [--budgets PATH] [-- PYTEST ARGS...]",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the epilog's lines
+    )  # fmt: skip
+    parser.add_argument("-k", dest="expr", help="the cases (a pytest -k expression)")
+    parser.add_argument("--runs", type=parse_runs, default=None, metavar="N", help="runs of each kind. Default: 10")
+    parser.add_argument("--plant", type=parse_pct, action="append", default=[], metavar="PCT",
+                        help="a planted slowdown in percent; repeat for several")  # fmt: skip
+    parser.add_argument("--mode", choices=("host", "gpu"), default=None,
+                        help="how the slowdown is planted (--plant-slowdown's mode). Default: host")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where the run files and outputs go. "
+                             "Default: selftest/ (with --from: its folder)")  # fmt: skip
+    parser.add_argument("--path", default=None, help="what pytest runs. Default: bench/test_experiments.py")
+    parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, metavar="PATH",
+                        help="the budgets file the runs are judged with. Default: bench/budgets.toml")  # fmt: skip
+    parser.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                        help="do not run: analyse the run files already in DIR")  # fmt: skip
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, pytest_args = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: for pytest
+    running = (("-k", args.expr), ("--runs", args.runs), ("--plant", args.plant), ("--mode", args.mode),
+               ("--path", args.path), ("pytest arguments", pytest_args))  # fmt: skip
+    running_only = [name for name, given in running if given]
+    if args.from_dir is not None and running_only:
+        parser.error(f"--from analyses runs already made: {', '.join(running_only)} do not apply")
+    if args.from_dir is None and not args.expr:
+        parser.error("-k EXPR (the cases to run) or --from DIR (runs already made) is required")
+    out = args.out or args.from_dir or Path("selftest")
+    try:
+        budgets = Budgets.load(args.budgets)
+        if args.from_dir is not None:
+            paths = run_files(args.from_dir)
+        else:
+            paths = run_campaign(out, args.path or "bench/test_experiments.py", args.expr, args.runs or 10,
+                                 args.plant, args.mode or "host", pytest_args)  # fmt: skip
+        campaign = load_campaign(paths)
+        results = analyse(campaign.aa_runs, campaign.planted_runs, budgets)
+    except (SelftestError, BudgetError) as exc:
+        print(f"mlp-loadbench selftest: {exc}", file=sys.stderr)
+        return 2
+    print(write_outputs(out, campaign, results, args.budgets))
+    print(f"wrote {out / 'selftest.md'} and {out / 'suggested-budgets.toml'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
