@@ -67,3 +67,16 @@ def test_a_process_tree_counts_the_work_of_child_processes() -> None:
     # child spinning on a core for the whole window.
     with_children, without = (summarize_monitor(m, 1)["fields"]["cpu_process"]["mean"] * m.cores for m in (tree, alone))
     assert with_children - without > 50
+
+
+def test_series_writers_never_share_a_temporary_file(tmp_path) -> None:
+    """Runs on several GPUs at once can write the same case's series into one folder:
+    each writer needs a temporary name of its own (a shared one lost whole records)."""
+    from bench.monitor.series import read_series
+    from bench.monitor.series import write_series
+
+    target = tmp_path / "test_units_units-128.csv"
+    (tmp_path / "test_units_units-128.csv.partial").mkdir()  # another writer's file, in the way
+    write_series(target, [{"t": 0.0, "cpu_process": 12.5}, {"t": 0.1, "cpu_process": None}])
+    assert read_series(target)["cpu_process"][0] == 12.5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_units_units-128.csv", "test_units_units-128.csv.partial"]

@@ -242,11 +242,9 @@ AA = {"aa-01.json": make_run(0), "aa-02.json": make_run(1)}
          "plant05-01.json: ran with --plant-slowdown 15%:gpu, but its name says 5%"),
         ({**AA, "aa-03.json": make_run(2, 5.0)},
          "aa-03.json: ran with --plant-slowdown 5%:gpu; A/A runs run without one"),
-        ({**AA, "plant05-01.json": dropped(make_run(0, 5.0), "batch-64")},
-         "plant05-01.json: lacks 1 case(s) that other runs hold: bench/test_experiments.py::test_batch[batch-64]"),
     ],
     ids=["empty", "no-aa", "one-aa", "corrupt", "foreign", "bad-name", "same-number", "other-gpu", "other-settings",
-         "wrong-plant", "planted-aa", "missing-case"],
+         "wrong-plant", "planted-aa"],
 )  # fmt: skip
 def test_unusable_runs_are_one_clear_line_and_exit_2(tmp_path, capsys, files, message) -> None:
     folder = write_runs(tmp_path / "runs", files)
@@ -341,3 +339,13 @@ def test_real_campaign_on_a_tiny_case(tmp_path, monkeypatch, capsys) -> None:
     assert "| blocks-2 " in (out / "selftest.md").read_text()
     assert (out / "series" / "aa-01").is_dir()  # the load series stay with the self-test
     Budgets.load(out / "suggested-budgets.toml")
+
+
+def test_a_case_missing_from_one_run_is_judged_on_the_runs_that_hold_it(tmp_path, capsys) -> None:
+    folder = write_runs(tmp_path / "runs", {**AA, "plant05-01.json": dropped(make_run(0, 5.0), "batch-64")})
+    assert main(["--from", str(folder)]) == 0
+    captured = capsys.readouterr()
+    assert ("warning: plant05-01.json: lacks 1 case(s) that other runs hold: "
+            "bench/test_experiments.py::test_batch[batch-64]; judged on the runs that hold them") in captured.err
+    assert "batch-64" in captured.out
+    assert "plant05-01.json: lacks 1 case(s)" in (folder / "selftest.md").read_text()

@@ -131,7 +131,8 @@ class LoadBenchSession:
             return None
         storage = getattr(getattr(self.config, "_benchmarksession", None), "storage", None)
         root = Path(getattr(storage, "path", ".benchmarks"))
-        return root / "series" / self.started.strftime("%Y%m%d_%H%M%S")
+        # The process id too: parallel runs (shards, one per GPU) often start in the same second.
+        return root / "series" / f"{self.started.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}"
 
     def record_of(self, case_id: str) -> dict[str, Any] | None:
         """The record of a case already run in this session (for side-by-side ratios)."""
