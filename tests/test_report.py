@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.monitor.series import read_series
+from bench.monitor.trace import KernelTable
 from bench.plugin.budgets import Budgets
 from bench.plugin.compare import case_history
 from bench.plugin.compare import check_against
@@ -237,6 +238,24 @@ def test_a_3x_slowdown_is_flagged_with_the_gates_rule(storage, tmp_path) -> None
     assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "REGRESSED: median_epoch_s")
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "- opt-sgd, median_epoch_s: epoch_time_ratio = 3 breaks its limit" in summary
+
+
+def _traced(samples: list[float], kernels: dict[str, tuple[float, float]]):
+    """Epoch times and a kernel table (name -> calls, µs per epoch) for every case."""
+    def change(info: dict) -> None:
+        _set_epochs(info, samples)
+        info["kernel_trace"] = KernelTable.from_totals("cuda", 3, {k: (3 * c, 3 * us) for k, (c, us) in kernels.items()}).to_dict()
+
+    return change
+
+
+def test_a_traced_regression_lists_the_kernels_that_grew(storage, tmp_path) -> None:
+    before = {"sgemm_nn": (159, 20_000.0), "adam_kernel": (159, 4_000.0)}
+    after = {**before, "planted_spin_kernel": (159, 40_000.0)}
+    paths, budgets = _two_runs(storage, tmp_path, _traced(STEADY, before), _traced([3 * s for s in STEADY], after))
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "kernels that grew most:" in summary and "+40000 µs/epoch  planted_spin_kernel (new: 159 calls/epoch)" in summary
 
 
 def test_a_slowdown_the_gate_passes_is_not_marked_by_the_report(storage, tmp_path) -> None:

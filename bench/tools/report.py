@@ -33,6 +33,7 @@ from bench.plugin.compare import FAILURE_METRICS
 from bench.plugin.compare import HISTORY_SETTINGS
 from bench.plugin.compare import MAX_HISTORY
 from bench.plugin.compare import check_against
+from bench.plugin.compare import explain
 from bench.plugin.options import DEFAULT_BUDGETS
 from bench.tools.runs import Run
 from bench.tools.runs import find_run_files
@@ -150,7 +151,8 @@ def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, 
             profile, dataset = runs[i].settings.get("profile", "quick"), runs[i].settings.get("dataset", "synthetic")
             budget = budgets.resolve(profile, experiment, case, dataset)  # as the gate resolves it
             history = noise_history(runs[:i], case)
-            for failure in check_against(budget=budget, current=now, baseline=then, history=history):
+            for found in check_against(budget=budget, current=now, baseline=then, history=history):
+                failure = explain(found, now, then)  # with the kernels that grew, where both runs hold a trace
                 metric = FAILURE_METRICS.get(failure.metric, failure.metric)  # the gate's mapping: time ratio -> median
                 flagged.setdefault(metric, {}).setdefault(case, {})[i] = failure.message
     return lines, flagged
