@@ -15,6 +15,7 @@ OPTIMIZERS = ("adagrad", "rmsprop", "sgd", "adam")
 IMPLS = ("torch", "triton")
 PRECISIONS = ("fp32", "tf32", "bf16")
 LOOPS = ("reference", "fast", "graph", "step-graph")
+OPTIMIZER_IMPLS = ("torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 is strict IEEE (TF32 off)
     loop: str = "fast"
     seed: int = 42  # split, torch, numpy and random
+    # 'triton': the parameters live in one flat buffer updated by one kernel per step
+    # (kernels/optim.py), and the loss and its gradient come from one kernel
+    # (kernels/cross_entropy.py); 'torch': torch.optim and F.cross_entropy
+    optimizer_impl: str = "torch"
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -37,6 +42,7 @@ class TrainConfig:
             ("impl", IMPLS),
             ("precision", PRECISIONS),
             ("loop", LOOPS),
+            ("optimizer_impl", OPTIMIZER_IMPLS),
         ):
             value = getattr(self, name)
             if value not in allowed:

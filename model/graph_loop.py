@@ -14,9 +14,10 @@ in place (outside the graph, asynchronously) and replays.
 The first call warms up (allocator growth, cuBLAS workspaces, optimizer state,
 Triton compilation) on a side stream, puts parameters and optimizer state back
 as they were, then captures; so the trajectory matches the eager fast loop's.
-The trainer decides whether its optimizer's step can be captured (Adagrad reads its
-step count on the host) and runs the fast loop where it cannot. This module knows
-only the step function, the model's parameters, the optimizer and the data.
+The optimizer's step must be capturable: its step count on the device, no host
+read (torch's capturable optimizers, the trainer's CapturableAdagrad,
+kernels/optim.py's FlatOptimizer). This module knows only the step function, the
+model's parameters, the optimizer and the data.
 """
 
 from __future__ import annotations
@@ -86,8 +87,10 @@ class GraphEpoch:
                 if self.n % self.batch:
                     self._step_at(self.perm[: self.n % self.batch])
         torch.cuda.current_stream(self.device).wait_stream(side)
-        # Undo the warm-up: zeroed state is each optimizer's fresh state (Adam and
-        # RMSprop moments and step, SGD's momentum buffer taking the first gradient).
+        # Undo the warm-up: zeroed state is each optimizer's fresh state (moments,
+        # Adagrad's sum and every step count, a FlatOptimizer's per-program counts
+        # included; SGD's momentum buffer taking the first gradient). Parameters are
+        # restored in place, so a FlatOptimizer's views stay views.
         with torch.no_grad():
             for p, saved in zip(self.model.parameters(), params):
                 p.copy_(saved)

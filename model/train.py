@@ -10,8 +10,15 @@ partial batch kept as a smaller batch, as the study's DataLoader did):
   fused (or foreach) optimizer, and no host synchronisation inside an epoch: the
   loss is summed on the device and read once per epoch.
 - ``graph`` and ``step-graph``: the fast loop replayed from CUDA graphs, one graph
-  per epoch or one per step (model/graph_loop.py); on a CPU, or with an optimizer
-  whose step cannot be captured, they run the fast loop and say so in the result.
+  per epoch or one per step (model/graph_loop.py); on a CPU they run the fast loop and
+  say so in the result. Every study optimizer's step is captured: Adam, SGD and
+  RMSprop through torch's capturable implementations, Adagrad through
+  `CapturableAdagrad` (torch's reads its step count on the host).
+
+``TrainConfig.optimizer_impl`` picks what runs around the layers in a step: 'torch'
+(torch.optim and F.cross_entropy) or 'triton' (the parameters in one flat buffer
+updated by one kernel, kernels/optim.py, and the loss and its gradient from one
+kernel, kernels/cross_entropy.py); the math is the same.
 
 `Trainer` splits setup (model and optimizer), `fit` (the part a benchmark times) and
 `evaluate`, and reports each epoch through a callback so a harness can time and show
@@ -59,18 +66,70 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds every CUDA device too
 
 
+class CapturableAdagrad(torch.optim.Optimizer):
+    """torch.optim.Adagrad's math with its step count on the device, so a CUDA graph can
+    capture the step (torch's Adagrad reads the count on the host to decay the rate):
+
+        step += 1; clr = lr / (1 + (step - 1) * lr_decay)          (a device scalar)
+        grad += weight_decay * param; sum += grad^2; param -= clr * grad / (sqrt(sum) + eps)
+
+    in the order of torch's foreach implementation. One count per param group, shared
+    by its parameters' states (every parameter has a gradient at every step here). The
+    accumulator starts at 0, torch's default, so zeroed state is fresh state."""
+
+    def __init__(
+        self, params: list[torch.nn.Parameter], lr: float = 1e-2, lr_decay: float = 0.0,
+        weight_decay: float = 0.0, eps: float = 1e-10,
+    ) -> None:  # fmt: skip
+        super().__init__(params, {"lr": lr, "lr_decay": lr_decay, "weight_decay": weight_decay, "eps": eps})
+        for group in self.param_groups:
+            step = torch.zeros((), device=group["params"][0].device)
+            for p in group["params"]:
+                self.state[p] = {"step": step, "sum": torch.zeros_like(p)}
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = group["params"]
+            grads = [p.grad for p in params]
+            sums = [self.state[p]["sum"] for p in params]
+            step = self.state[params[0]]["step"]
+            step.add_(1)
+            minus_clr = -group["lr"] / (1 + (step - 1) * group["lr_decay"])  # a device scalar
+            if group["weight_decay"]:
+                grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
+            torch._foreach_addcmul_(sums, grads, grads, value=1)
+            std = torch._foreach_sqrt(sums)
+            torch._foreach_add_(std, group["eps"])
+            torch._foreach_addcdiv_(params, torch._foreach_mul(grads, minus_clr), std)
+        return loss
+
+
 def make_optimizer(
-    name: str, params: list[torch.nn.Parameter], fast: bool, capturable: bool = False
+    name: str, params: list[torch.nn.Parameter], fast: bool, capturable: bool = False, impl: str = "torch"
 ) -> tuple[torch.optim.Optimizer, str]:
     """The study's optimizer; with ``fast``, its fused or foreach implementation.
 
     Returns the optimizer and how it runs ('fused', 'foreach' or 'default', with
     '+capturable' when its step can be captured in a CUDA graph), since fused and
-    capturable support differ by optimizer, device and torch version.
+    capturable support differ by optimizer, device and torch version. With ``impl``
+    'triton' it is kernels/optim.py's FlatOptimizer ('triton-flat+capturable'), which
+    turns `params` into views of its flat buffer.
     """
     cls, settings = OPTIMIZERS[name]
+    if impl == "triton":
+        from kernels.optim import FlatOptimizer  # imported lazily: kernels/ needs triton
+
+        return FlatOptimizer(params, name, **settings), "triton-flat+capturable"
     if not fast:
         return cls(params, **settings), "default"
+    if name == "adagrad" and params[0].device.type == "cuda":
+        # The fast and graph loops run the same Adagrad, so a graph replays the fast loop.
+        return CapturableAdagrad(params, **settings), "foreach" + ("+capturable" if capturable else "")
     accepts = inspect.signature(cls.__init__).parameters
     extra = {"capturable": True} if capturable and "capturable" in accepts else {}
     suffix = "+capturable" if extra or (capturable and name == "sgd") else ""
@@ -164,8 +223,13 @@ class Trainer:
         fast = config.loop != "reference"
         capturable = config.loop in GRAPH_LOOPS and self.device.type == "cuda"
         self.optimizer, self.optimizer_impl = make_optimizer(
-            config.optimizer, list(self.model.parameters()), fast, capturable
+            config.optimizer, list(self.model.parameters()), fast, capturable, config.optimizer_impl
         )
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+        if config.optimizer_impl == "triton":
+            from kernels.cross_entropy import cross_entropy
+
+            self.loss_fn = cross_entropy
         self.generator = torch.Generator(device=self.device if fast else "cpu").manual_seed(config.seed)
         self.loop = "fast" if config.loop in GRAPH_LOOPS and self.device.type != "cuda" else config.loop
         self.notes: list[str] = []
@@ -179,15 +243,10 @@ class Trainer:
         if self.loop == "reference":
             return self._reference_epoch
         if self.loop in GRAPH_LOOPS:
-            if "capturable" in self.optimizer_impl:
-                return GraphEpoch(
-                    self.step, self.model, self.optimizer, self.data.x_train, self.data.y_train,
-                    self.config.batch_size, self.generator, whole_epoch=self.loop == "graph",
-                )  # fmt: skip
-            self.notes.append(
-                f"{self.config.optimizer}: its step cannot be captured in a CUDA graph; ran the eager fast loop"
-            )
-            self.loop = "fast"
+            return GraphEpoch(
+                self.step, self.model, self.optimizer, self.data.x_train, self.data.y_train,
+                self.config.batch_size, self.generator, whole_epoch=self.loop == "graph",
+            )  # fmt: skip
         return self._fast_epoch
 
     def fit(self, on_epoch: EpochCallback | None = None, epochs: int | None = None) -> None:
@@ -216,7 +275,7 @@ class Trainer:
         for x, y in loader:
             self.optimizer.zero_grad()
             with autocast(self.config.precision, self.device):
-                loss = F.cross_entropy(self.model(x), y)
+                loss = self.loss_fn(self.model(x), y)
             loss.backward()
             self.optimizer.step()
             total += loss.item() * len(y)
@@ -236,9 +295,9 @@ class Trainer:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step; returns the batch's mean loss as a device tensor."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)  # FlatOptimizer zeroes its flat gradient instead
         with autocast(self.config.precision, self.device):
-            loss = F.cross_entropy(self.model(x), y)
+            loss = self.loss_fn(self.model(x), y)
         loss.backward()
         self.optimizer.step()
         return loss.detach().float()
@@ -251,6 +310,7 @@ class Trainer:
         """Drop the model, optimizer state and graphs so the next run starts from free memory."""
         self._epoch = self._fast_epoch
         self.optimizer.state.clear()
+        self.optimizer.param_groups.clear()  # a FlatOptimizer's flat buffer is its parameter
         self.model = self.model.to("meta")
 
     def result(self) -> TrainResult:

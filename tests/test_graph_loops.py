@@ -26,9 +26,9 @@ CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
-# Steps that torch captures: a graph loop must replay these from a graph. torch's
-# Adagrad reads its step count on the host; it gets its own test below.
-CAPTURABLE = ("adam", "sgd", "rmsprop")
+# Every study optimizer's step is captured (Adagrad through the trainer's
+# CapturableAdagrad): a graph loop must replay each from a graph.
+CAPTURABLE = ("adam", "sgd", "rmsprop", "adagrad")
 EPOCHS = 3
 
 
@@ -140,25 +140,6 @@ def test_graph_loops_replay_a_new_batch_order_every_epoch(runs, loop) -> None:
         assert len(set(run.read_at)) == 1
     assert not torch.equal(run.read[1], run.read[0])
     assert not torch.equal(run.read[2], run.read[1])
-
-
-@gpu
-@needs_gpu
-@pytest.mark.parametrize("loop", GRAPH_LOOPS)
-def test_adagrad_in_a_graph_loop_is_replayed_or_says_why_not(runs, loop) -> None:
-    # torch's Adagrad cannot be captured. Either the trainer runs the fast loop and says
-    # so in a note, or it gives both loops an Adagrad whose step can be captured; either
-    # way the result is the fast loop's, exactly (see the test above for why exactly).
-    run, fast = runs(loop, "adagrad"), runs("fast", "adagrad")
-    if run.result.loop == "fast":
-        assert run.result.notes == ["adagrad: its step cannot be captured in a CUDA graph; ran the eager fast loop"]
-        assert "capturable" not in run.result.optimizer_impl
-        assert run.read == []  # no GraphEpoch ran
-    else:
-        assert run.result.loop == loop and run.result.notes == []
-        assert run.result.optimizer_impl.endswith("+capturable")
-        assert len(run.read) == EPOCHS
-    assert_trained_alike(run, fast)
 
 
 # --------------------------------------------------------------------------- CPU
