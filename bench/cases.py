@@ -33,6 +33,9 @@ LOOP_CASES = {  # case value: TrainConfig changes
     "step-graph": {"loop": "step-graph"},
     "graph": {"loop": "graph"},
     "graph-triton": {"loop": "graph", "impl": "triton"},
+    # the step's optimizer and loss as one kernel each, over a flat parameter buffer
+    "graph-fused-step": {"loop": "graph", "optimizer_impl": "triton"},
+    "graph-triton-fused-step": {"loop": "graph", "impl": "triton", "optimizer_impl": "triton"},
 }
 
 

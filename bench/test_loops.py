@@ -26,8 +26,9 @@ INTERPRETER_OVERRIDES = {"width": 32, "epochs": 1}
 
 @pytest.mark.parametrize("case", loop_cases(), ids=lambda case: case.id)
 def test_training_loop(loadbench, case: Case, ceiling_tflops) -> None:
-    cpu = loadbench.plugin.session.options.device.type == "cpu"
-    overrides = INTERPRETER_OVERRIDES if cpu and case.changes.get("impl") == "triton" else {}
+    cpu = loadbench.session.options.device.type == "cpu"
+    triton = "triton" in (case.changes.get("impl"), case.changes.get("optimizer_impl"))
+    overrides = INTERPRETER_OVERRIDES if cpu and triton else {}
     try:
         loadbench.run(case, **overrides)
     finally:
@@ -37,6 +38,6 @@ def test_training_loop(loadbench, case: Case, ceiling_tflops) -> None:
             record["matmul_ceiling_tflops"] = ceiling_tflops["tflops"]
             record["roofline_epoch_s"] = roofline
             record["roofline_fraction"] = roofline / record["median_epoch_s"]
-            reference = loadbench.plugin.session.record_of("loop-reference")
+            reference = loadbench.session.record_of("loop-reference")
             if reference is not None:
                 record["speedup_vs_reference"] = reference["median_epoch_s"] / record["median_epoch_s"]

@@ -42,7 +42,7 @@ from bench.plugin.budgets import Failure
 
 RECORD_KEY = "loadbench"  # machine_info key and extra_info marker of our runs
 # What must match for a stored run to count in a case's noise history.
-HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "precision", "plant")
+HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "optimizer_impl", "precision", "plant")
 MAX_HISTORY = 10  # newest stored runs used for the noise estimate
 MIN_NOISE_DOF = 2  # degrees of freedom before a spread counts as known (3 runs, or 2 + 2 rounds)
 DEFAULT_NOISE_K = 3.0

@@ -54,7 +54,9 @@ class LoadBench:
 
     def config_for(self, case: Case, **overrides: object) -> TrainConfig:
         o = self.session.options
-        base = TrainConfig(epochs=o.epochs, impl=o.impl, precision=o.precision, loop=o.loop)
+        base = TrainConfig(
+            epochs=o.epochs, impl=o.impl, optimizer_impl=o.optimizer_impl, precision=o.precision, loop=o.loop
+        )
         return base.replace(**{**case.changes, **overrides})  # explicit overrides win
 
     def run(self, case: Case, **overrides: object) -> TrainResult:

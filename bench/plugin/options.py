@@ -11,6 +11,7 @@ import torch
 
 from model.config import IMPLS
 from model.config import LOOPS
+from model.config import OPTIMIZER_IMPLS
 from model.config import PRECISIONS
 
 
@@ -99,6 +100,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--loop", choices=LOOPS, default=None,
                     help="training loop. Default: graph on a GPU, fast on a CPU.")
     group.addoption("--impl", choices=IMPLS, default="torch", help="layer implementation. Default: %(default)r")
+    group.addoption("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="torch",
+                    help="torch: torch.optim and F.cross_entropy; triton: one optimizer kernel over a flat "
+                         "parameter buffer and one loss kernel per step. Default: %(default)r")  # fmt: skip
     group.addoption("--precision", choices=PRECISIONS, default="fp32",
                     help="fp32 (strict, TF32 off), tf32 or bf16. Default: %(default)r")
     group.addoption("--dataset", default="synthetic", metavar="synthetic|PATH.csv",
@@ -130,6 +134,7 @@ class Options:
     device: torch.device
     loop: str
     impl: str
+    optimizer_impl: str
     precision: str
     dataset: str
     budgets: Path
@@ -164,6 +169,7 @@ class Options:
             device=device,
             loop=config.getoption("loop") or ("graph" if gpu else "fast"),
             impl=config.getoption("impl"),
+            optimizer_impl=config.getoption("optimizer_impl"),
             precision=config.getoption("precision"),
             dataset=dataset,
             budgets=Path(config.getoption("budgets")),
@@ -183,6 +189,7 @@ class Options:
         line = (
             f"mlp-loadbench: profile {self.profile.name}{default}: {about}; "
             f"epochs {self.epochs}, device {self.device}, loop {self.loop}, impl {self.impl}, "
+            f"optimizer impl {self.optimizer_impl}, "
             f"precision {self.precision}, dataset {self.dataset}"
         )
         if self.impl == "triton" and self.precision == "fp32":

@@ -97,6 +97,7 @@ class LoadBenchSession:
             "device": str(o.device),
             "loop": o.loop,
             "impl": o.impl,
+            "optimizer_impl": o.optimizer_impl,
             "precision": o.precision,
             "strict_fp32_kernel": o.strict_fp32,
             "monitor_period_s": o.monitor_period,
