@@ -175,14 +175,16 @@ def test_pytest_benchmark_compare_reads_our_runs(bench, pytester) -> None:
     ("budgets", "message"),
     [
         ("[defaults]\naccuracy_mni = 0.5\n", "[defaults]: unknown key 'accuracy_mni' (did you mean 'accuracy_min'?)"),
-        ('[cases."blocks-9"]\naccuracy_min = 0.5\n', "[cases.blocks-9]: unknown case id 'blocks-9'"),
+        ('[cases."blocks-9"]\naccuracy_min = 0.5\n', "[cases.\"blocks-9\"]: unknown case id 'blocks-9'"),
+        ("[defaults]\naccuracy_min = 0.5\n", "accuracy_min is a floor or ceiling, which holds for one dataset: set it under [datasets.synthetic.defaults]"),
         ("[experiments.opt]\naccuracy_min = 'high'\n", "accuracy_min = 'high' must be a number"),
         ("[defaults]\naccuracy_min = 1.5\n", "accuracy_min = 1.5 must be between 0 and 1"),
         ("[profiles.fast.defaults]\naccuracy_min = 0.5\n", "unknown profile 'fast'"),
         ("[default]\naccuracy_min = 0.5\n", "unknown table 'default' (did you mean 'defaults'?)"),
         ("[defaults\n", "not valid TOML"),
     ],
-    ids=["typo-key", "unknown-case", "wrong-type", "out-of-range", "unknown-profile", "unknown-table", "bad-toml"],
+    ids=["typo-key", "unknown-case", "floor-outside-a-dataset", "wrong-type", "out-of-range", "unknown-profile",
+         "unknown-table", "bad-toml"],
 )
 def test_bad_budgets_file_is_a_clear_startup_error(bench, budgets, message) -> None:
     result = bench(budgets=budgets)

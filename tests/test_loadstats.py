@@ -59,14 +59,16 @@ def test_a_process_tree_counts_the_work_of_child_processes() -> None:
     tree, alone = LoadMonitor(torch.device("cpu"), 0.05, children=True), LoadMonitor(torch.device("cpu"), 0.05)
     tree.start()
     alone.start()
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+    # The child burns a fixed amount of CPU time, however long a busy machine makes it wait.
+    spin = "import time\nwhile time.process_time() < 1.5: pass"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
     busy.wait()
     tree.stop()
     alone.stop()
-    # In % of one core. Both monitors see this process alike; only the tree sees the
-    # child spinning on a core for the whole window.
-    with_children, without = (summarize_monitor(m, 1)["fields"]["cpu_process"]["mean"] * m.cores for m in (tree, alone))
-    assert with_children - without > 50
+    # CPU seconds each monitor saw over its window (mean % of one core x window). Both
+    # see this process alike; only the tree sees the child's 1.5 CPU seconds.
+    seconds = [summarize_monitor(m, 1)["fields"]["cpu_process"]["mean"] * m.cores / 100 * m.elapsed for m in (tree, alone)]
+    assert seconds[0] - seconds[1] > 1.0
 
 
 def test_series_writers_never_share_a_temporary_file(tmp_path) -> None:

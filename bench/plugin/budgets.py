@@ -159,14 +159,14 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
         for key, value in table.items():  # type: ignore[union-attr]
             if key not in KEYS:
                 fail(where, f"unknown key {key!r}{hint(key, KEYS)}; known keys: {', '.join(KEYS)}")
-            if key in DATASET_KEYS and not in_dataset:
-                fail(where, f"{key} is a floor or ceiling, which holds for one dataset: set it under "
-                            f"[datasets.synthetic.{where}] (the embedded data) or [datasets.\"FILE.csv\".{where}]")  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 fail(where, f"{key} = {value!r} must be a number")
             low, high = _RANGES.get(key, (0.0, float("inf")))
             if not low <= value <= high:
                 fail(where, f"{key} = {value!r} must be between {low:g} and {high:g}")
+            if key in DATASET_KEYS and not in_dataset:
+                fail(where, f"{key} is a floor or ceiling, which holds for one dataset: set it under "
+                            f"[datasets.synthetic.{where}] (the embedded data) or [datasets.\"FILE.csv\".{where}]")  # fmt: skip
 
     def check_scope(prefix: str, scope: dict[str, Any], allow_profiles: bool, in_dataset: bool) -> None:
         for name, table in scope.items():
