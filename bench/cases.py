@@ -68,3 +68,26 @@ def loop_cases() -> list[Case]:
 
 
 CASE_IDS = frozenset(case.id for case in all_cases() + loop_cases())
+
+
+_STUDY_RANKS = {name: rank for rank, name in enumerate([*EXPERIMENTS, "loop"])}
+
+
+def study_order(case_id: str) -> tuple[object, ...]:
+    """Sort key that lists case ids in the study's order: the experiments as EXPERIMENTS
+    lists them (blocks, units, batch, act, opt), then the training loops, each with its
+    values in the study's order (units-128 before units-1024, batch-64 before batch-512).
+    A value the study does not list follows its experiment's own (numbers by size), and
+    an id of no known experiment comes last, by name."""
+    experiment, _, value = str(case_id).partition("-")
+    rank = _STUDY_RANKS.get(experiment)
+    if rank is None:
+        return (len(_STUDY_RANKS), 0, (), str(case_id))
+    values = [str(v) for v in (LOOP_CASES if experiment == "loop" else EXPERIMENTS[experiment][1])]
+    if value in values:
+        return (rank, values.index(value), (), "")
+    try:
+        number: tuple[object, ...] = (0, float(value))
+    except ValueError:
+        number = (1, value)
+    return (rank, len(values), number, value)

@@ -4,6 +4,8 @@ test_workflows.py, test_bisect.py)."""
 from __future__ import annotations
 
 import json
+import math
+import random
 import re
 import statistics
 import subprocess
@@ -11,13 +13,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.text import Text
 
+from bench.cases import Case
+from bench.cases import all_cases
+from bench.cases import loop_cases
 from bench.monitor.series import read_series
 from bench.monitor.trace import KernelTable
 from bench.plugin.budgets import Budgets
 from bench.plugin.compare import case_history
 from bench.plugin.compare import check_against
 from bench.plugin.compare import load_history
+from bench.plugin.summary import render_summary
+from bench.tools.figures import epoch_ends
 from bench.tools.figures import moving_average
 from bench.tools.figures import pareto_figure
 from bench.tools.figures import pareto_front
@@ -26,8 +34,8 @@ from bench.tools.merge import main as merge_main
 from bench.tools.merge import settings_diff
 from bench.tools.report import ReportError
 from bench.tools.report import build_report
-from bench.tools.report import main as report_main
 from bench.tools.report import regressions
+from bench.tools.report import main as report_main
 from bench.tools.runs import find_run_files
 from bench.tools.runs import load_runs
 
@@ -68,7 +76,9 @@ def test_tables_figures_history_and_summary(storage, tmp_path) -> None:
     tables = (tmp_path / "tables.md").read_text()
     assert "## hidden units" in tables and "| 128 " in tables and "Accuracy" in tables
     html = (tmp_path / "history.html").read_text()
-    assert html.count("data:image/png;base64,") >= 4 and "<script" not in html  # self-contained, images embedded
+    assert len(re.findall(r"\* plotly\.js v\d", html)) == 1 and not re.search(r"<script[^>]+src=", html)  # self-contained
+    assert "<section id='gpu-no-gpu'><h2>no GPU</h2>" in html and "<table class='summary'>" in html
+    assert "no energy per epoch in these runs: device is cpu" in html  # said, not an empty chart
     summary = (tmp_path / "summary.md").read_text()
     assert "units-256" in summary and "2 run(s) in the history" in summary
     for png in tmp_path.glob("*.png"):
@@ -83,6 +93,34 @@ def test_resource_figure_has_one_line_per_case(storage) -> None:
     for ax in fig.axes:
         assert len(ax.lines) == 2  # CPU and RSS panels on a CPU run; GPU panels absent, not zero
     assert [ax.get_ylabel() for ax in fig.axes] == ["CPU, process (% of usable cores)", "RAM, process RSS (MiB)"]
+    assert [t.get_text() for t in fig.texts] == ["not measured on this run: GPU busy, SM activity, VRAM used, Power"]
+
+
+def test_resource_figure_runs_on_seconds_with_epoch_ends_marked() -> None:
+    # 30 samples 0.1 s apart over 3 epochs: the monitor carries the epoch last reported, -1 before the first.
+    columns = {"t": [0.05 + 0.1 * i for i in range(30)], "epoch": [-1.0] * 10 + [0.0] * 10 + [1.0] * 9 + [2.0],
+               "cpu_process": [50.0 + i % 3 for i in range(30)]}  # fmt: skip
+    fig = resource_figure("hidden units", {"units-256": columns, "units-128": columns}, window=50)
+    lines = fig.axes[0].lines
+    assert [line.get_label() for line in lines] == ["units-128", "units-256"]  # the study's order, in the legend too
+    assert list(lines[0].get_xdata()) == columns["t"]  # seconds since the monitor started, not sample numbers
+    assert fig.axes[-1].get_xlabel().startswith("time since the monitor started (s)")
+    assert lines[0].get_markevery() == [10, 20, 29] and lines[0].get_marker() == "|"  # each epoch's end
+
+
+def test_epoch_ends_thin_out_when_epochs_outpace_the_monitor() -> None:
+    columns = {"epoch": [-1, -1, 0, 0, 1, 2, 3, 5, float("nan"), 6, 0, 1]}  # a new round restarts at 0
+    assert epoch_ends(columns) == [2, 4, 5, 6, 7, 10, 11]
+    assert epoch_ends(columns, every=2) == [4, 6, 7, 10, 11]  # where 2, 4, 6 epochs were done, and the new round
+    fig = resource_figure("loop", {"loop-graph": {"t": [0.1 * i for i in range(400)], "epoch": [float(i) for i in range(400)],
+                                                  "cpu_process": [50.0] * 400}}, window=50)  # fmt: skip
+    assert len(fig.axes[0].lines[0].get_markevery()) <= 40 and "every 10 epochs" in fig.axes[0].get_xlabel()
+
+
+def test_a_resource_figure_with_nothing_measured_says_so() -> None:
+    fig = resource_figure("hidden units", {"units-128": {"t": [0.1, 0.2], "epoch": [0.0, 1.0], "cpu_process": [math.nan] * 2}}, 50)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["no resource samples in these series"]
+    assert len(fig.axes[0].lines) == 0 and len(fig.axes[0].get_yticks()) == 0
 
 
 def test_bad_files_are_skipped_with_a_warning_naming_each(storage, tmp_path) -> None:
@@ -316,6 +354,78 @@ def test_a_pareto_panel_without_data_says_why(storage) -> None:
     assert len(time_ax.collections) == len(records)  # one point per case
     assert [t.get_text() for t in energy_ax.texts] == ["no energy data: no GPU energy counter on this run"]
     assert len(energy_ax.get_xticks()) == 0 and len(energy_ax.get_yticks()) == 0  # not an empty 0-1 axis
+
+
+def _overlapping(boxes: list) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+
+
+def test_pareto_labels_do_not_overlap_even_when_points_crowd() -> None:
+    rng = random.Random(1)
+    cases = [c.id for c in all_cases() + loop_cases()]
+    records = [{"case": case, "train_seconds": rng.choice([1.6, 1.62, 2.9, 5.7, 9.6]) + rng.gauss(0, 0.01),
+                "accuracy": 0.755 + rng.gauss(0, 0.003), "energy_j": 400 + rng.gauss(0, 2)} for case in cases]  # fmt: skip
+    fig = pareto_figure(records)
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_text() in cases]
+        assert sorted(t.get_text() for t in labels) == sorted(cases)  # every point labelled once
+        for label in labels:
+            label.update_positions(renderer)
+        boxes = [Text.get_window_extent(t, renderer) for t in labels]  # the words, not a leader line
+        assert _overlapping(boxes) == []
+        frame = ax.get_window_extent(renderer)
+        assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+
+
+def _shuffled_run(storage: Path, tmp_path: Path, name: str, cases: list[str], **extra) -> Path:
+    """The newest stored run with its benchmarks renamed to `cases`, in that order."""
+    run = json.loads(find_run_files(storage / "store")[-1].read_text())
+    template = run["benchmarks"][0]
+    run["benchmarks"] = []
+    for case in cases:
+        bench = json.loads(json.dumps(template))
+        bench["extra_info"].update(case=case, experiment=case.split("-")[0])
+        bench["fullname"] = bench["name"] = f"test_cases.py::test_x[{case}]"
+        run["benchmarks"].append(bench)
+    path = tmp_path / name
+    path.write_text(json.dumps(run | extra))
+    return path
+
+
+SORTED_STRINGS = ["batch-128", "batch-256", "batch-512", "batch-64", "blocks-2", "units-1024", "units-128", "units-2048"]
+STUDY = ["blocks-2", "units-128", "units-1024", "units-2048", "batch-64", "batch-128", "batch-256", "batch-512"]
+
+
+def test_tables_and_summary_list_cases_in_study_order(storage, tmp_path) -> None:
+    run = _shuffled_run(storage, tmp_path, "0001_run.json", SORTED_STRINGS)
+    build_report([run], tmp_path / "out")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("| ") and "case" not in line] == STUDY
+    tables = (tmp_path / "out" / "tables.md").read_text()
+    assert re.findall(r"^## (.+)$", tables, re.MULTILINE) == ["hidden blocks", "hidden units", "batch size"]
+    rows = [line.split("|")[1].strip() for line in tables.splitlines() if re.match(r"\| \d", line)]
+    assert rows == ["2", "128", "1024", "2048", "64", "128", "256", "512"]
+
+
+def test_merged_shards_hold_the_cases_in_study_order(storage, tmp_path) -> None:
+    shards = [_shuffled_run(storage, tmp_path, "a.json", SORTED_STRINGS[::2]),
+              _shuffled_run(storage, tmp_path, "b.json", SORTED_STRINGS[1::2])]  # fmt: skip
+    assert merge_main([str(tmp_path / "merged.json"), *map(str, shards)]) == 0
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert [b["extra_info"]["case"] for b in merged["benchmarks"]] == STUDY
+
+
+def test_the_terminal_summary_lists_cases_in_study_order(storage) -> None:
+    runs, _ = load_runs(find_run_files(storage / "store"))
+    info = runs[-1].cases()[0]["extra_info"]
+    entries = [{"case": Case(case.split("-")[0], case.split("-")[1]), "record": info, "failures": [], "deltas": None}
+               for case in SORTED_STRINGS]  # fmt: skip
+    lines = "\n".join(render_summary(entries, []))
+    assert [title for title in re.findall(r"^\| (hidden blocks|hidden units|batch size) ", lines, re.MULTILINE)] == [
+        "hidden blocks", "hidden units", "batch size"]  # fmt: skip
+    values = [line.split("|")[1].strip() for line in lines.splitlines() if re.match(r"\| \d", line)]
+    assert values == ["2", "128", "1024", "2048", "64", "128", "256", "512"]
 
 
 def test_merge_names_only_the_settings_that_differ(tmp_path, capsys) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from tabulate import tabulate
 
 from bench.cases import TITLES
+from bench.cases import study_order
 from bench.plugin.compare import failed_metrics
 
 COLUMNS = ("Time(s)", "Accuracy", "F1", "GPU busy", "SM act.", "VRAM MiB", "CPU", "RSS MiB", "Energy J")
@@ -75,7 +76,7 @@ def noise_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -> list[str]:
-    entries = list(entries)
+    entries = sorted(entries, key=lambda e: study_order(e["case"].id))  # the study's order, not the run's
     lines = [f"baseline: {m}" for m in messages]
     by_experiment: dict[str, list[dict[str, Any]]] = {}
     for entry in entries:

@@ -1,6 +1,7 @@
-"""The report's figures, drawn with matplotlib (Agg): resources over a run, metric
-history across runs, and the accuracy / cost Pareto view. Each function returns a
-Figure; the report saves or embeds it."""
+"""The report's static figures, drawn with matplotlib (Agg): resources over a run and
+the accuracy / cost Pareto view, cases in the study's order. Each function returns a
+Figure; the report saves or embeds it. The history across runs is interactive and
+drawn by bench.tools.history."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from bench.cases import study_order  # noqa: E402
+
+MAX_EPOCH_MARKS = 40  # epoch ends marked on one line before only every k-th is
 RESOURCES = {  # series column: panel title
     "gpu_util": "GPU busy (%)",
     "sm_activity": "SM activity (%)",
@@ -38,40 +42,62 @@ def moving_average(values: list[float], window: int) -> np.ndarray:
 
 
 def resource_figure(title: str, series: dict[str, dict[str, list[float]]], window: int) -> Figure:
-    """One panel per resource that has data, one line per case (label -> series columns)."""
-    panels = [c for c in RESOURCES if any(_has_data(s.get(c)) for s in series.values())]
-    fig, axes = plt.subplots(len(panels) or 1, 1, figsize=(9, 2.3 * max(1, len(panels))), sharex=True, squeeze=False)
+    """One panel per resource that has data, one line per case (label -> series columns),
+    in the study's order, against seconds since the monitor started, each epoch's end
+    marked on its line. Resources no case measured get no panel; a note names them."""
+    labels = sorted(series, key=study_order)
+    colours = {label: _colour(i, len(labels)) for i, label in enumerate(labels)}
+    panels = [c for c in RESOURCES if any(_has_data(series[label].get(c)) for label in labels)]
+    unmeasured = [RESOURCES[c].split(" (")[0] for c in RESOURCES if c not in panels]
+    rows = max(1, len(panels))
+    fig, axes = plt.subplots(rows, 1, figsize=(9, 2.3 * rows + 0.5), sharex=True, squeeze=False)
+    timed = all(_has_data(series[label].get("t")) for label in labels)
+    most = max((len(epoch_ends(series[label])) for label in labels), default=0)
+    every = max(1, math.ceil(most / MAX_EPOCH_MARKS))
     for ax, column in zip(axes[:, 0], panels):
-        for label, columns in series.items():
-            if _has_data(columns.get(column)):
-                ax.plot(moving_average(columns[column], window), label=label, linewidth=1.2)
+        for label in labels:
+            columns = series[label]
+            if not _has_data(columns.get(column)):
+                continue  # not measured for this case: no line, never zeros
+            x = columns["t"] if timed else np.arange(len(columns[column]))
+            ax.plot(x, moving_average(columns[column], window), label=label, linewidth=1.2, color=colours[label],
+                    marker="|", markersize=7, markeredgewidth=1.1, markevery=epoch_ends(columns, every))  # fmt: skip
         ax.set_ylabel(RESOURCES[column], fontsize=8)
         ax.grid(alpha=0.3)
+    if not panels:
+        _say_no_data(axes[0, 0], "no resource samples in these series")
     axes[0, 0].set_title(f"{title} (moving average over {window} samples)")
-    axes[0, 0].legend(fontsize=7, ncol=min(5, len(series)), loc="upper right")
-    axes[-1, 0].set_xlabel("monitor sample")
-    fig.tight_layout()
+    if panels:
+        axes[0, 0].legend(fontsize=7, ncol=min(5, len(labels)), loc="upper right")
+    axes[-1, 0].set_xlabel(("time since the monitor started (s)" if timed else "monitor sample")
+                           + ("; | marks the end of an epoch" if every == 1 else f"; | marks the end of every {every} epochs"),
+                           fontsize=8)  # fmt: skip
+    bottom = 0.0
+    if unmeasured and panels:
+        fig.text(0.01, 0.01, "not measured on this run: " + ", ".join(unmeasured), fontsize=7, color="dimgray")
+        bottom = 0.25 / fig.get_figheight()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return fig
 
 
-def history_figure(metric: str, labels: list[str], lines: dict[str, list[float | None]],
-                   flagged: Mapping[str, Collection[int]]) -> Figure:  # fmt: skip
-    """A metric across runs: one line per case, regressions (case -> run indices) marked with a red x."""
-    fig, ax = plt.subplots(figsize=(9, 3.2))
-    x = np.arange(len(labels))
-    for case, values in lines.items():
-        y = np.array([np.nan if v is None else v for v in values], dtype=float)
-        ax.plot(x, y, marker="o", markersize=3, linewidth=1, label=case)
-        bad = sorted(flagged.get(case, ()))
-        if bad:
-            ax.plot(x[bad], y[bad], "x", color="red", markersize=10, markeredgewidth=2)
-    ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
-    ax.set_title(metric)
-    ax.grid(alpha=0.3)
-    if len(lines) <= 12:
-        ax.legend(fontsize=6, ncol=3)
-    fig.tight_layout()
-    return fig
+def epoch_ends(columns: Mapping[str, list[float]], every: int = 1) -> list[int]:
+    """Indices of the samples where the trainer had reported a new epoch: the monitor
+    carries the epoch last reported, so each change is an epoch's end (a new round
+    starting again at 0 included). With `every` > 1, only where a multiple of `every`
+    epochs was completed (epochs shorter than the monitor's period would mark every sample)."""
+    epochs = columns.get("epoch") or []
+    out = []
+    for i in range(1, len(epochs)):
+        then, now = epochs[i - 1], epochs[i]
+        if math.isnan(then) or math.isnan(now) or now == then:
+            continue
+        if every == 1 or now < then or (now + 1) // every != (then + 1) // every:
+            out.append(i)
+    return out
+
+
+def _colour(index: int, count: int) -> Any:
+    return plt.get_cmap("tab10" if count <= 10 else "tab20")(index % (10 if count <= 10 else 20))
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -90,7 +116,11 @@ PARETO_COSTS = {  # record key: (axis label, what a panel without data says)
 
 
 def pareto_figure(records: list[dict[str, Any]]) -> Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    """Accuracy against training time and against energy, the front in red, each point
+    labelled with its case where the label overlaps no other label and no point."""
+    records = sorted(records, key=lambda r: study_order(r["case"]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    drawn = []
     for ax, (key, (label, missing)) in zip(axes, PARETO_COSTS.items()):
         usable = [r for r in records if r.get(key) is not None and not math.isnan(r[key])]
         if not usable:
@@ -98,17 +128,82 @@ def pareto_figure(records: list[dict[str, Any]]) -> Figure:
             continue
         points = [(r[key], r["accuracy"]) for r in usable]
         front = set(pareto_front(points))
-        for i, (r, (cost, acc)) in enumerate(zip(usable, points)):
-            ax.scatter(cost, acc, color="tab:red" if i in front else "tab:blue", s=22)
-            ax.annotate(r["case"], (cost, acc), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        for i, (cost, acc) in enumerate(points):
+            ax.scatter(cost, acc, color="tab:red" if i in front else "tab:blue", s=22, zorder=3)
         order = sorted(front, key=lambda i: points[i][0])
         ax.plot([points[i][0] for i in order], [points[i][1] for i in order], color="tab:red", linewidth=1)
         ax.set_xlabel(label)
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
+        ax.margins(0.15)  # room for the labels inside the axes
+        drawn.append((ax, points, [r["case"] for r in usable], front))
     axes[0].set_title("Pareto front (red): accuracy against cost")
     fig.tight_layout()
+    for ax, points, names, front in drawn:  # after the layout: placement is in display coordinates
+        place_labels(ax, points, names, first=front)
     return fig
+
+
+LABEL_FONT = 6.5
+_DIRECTIONS = [(math.cos(math.radians(a)), math.sin(math.radians(a))) for a in (45, 135, 315, 225, 90, 270, 0, 180,
+                                                                                 22, 158, 338, 202, 68, 112, 292, 248)]  # fmt: skip
+_RADII = (5, 11, 18, 27, 38, 52, 70, 92, 120, 155, 200, 250)  # points from the marker; far ones get a leader line
+
+
+def place_labels(ax: Any, points: list[tuple[float, float]], names: list[str], first: Collection[int] = ()) -> list[Any]:
+    """Annotate each point with its name at the nearest of a ring of positions around it
+    where the label stays inside the axes and overlaps no marker and no label placed
+    before it (the points in `first` are placed first); where none is free, the position
+    that overlaps least. A label set away from its point gets a thin leader line. The
+    axes' limits are frozen: call this after the layout is final."""
+    fig = ax.figure
+    ax.set_xlim(ax.get_xlim())
+    ax.set_ylim(ax.get_ylim())
+    renderer = fig.canvas.get_renderer()
+    px = fig.dpi / 72  # display pixels per point
+    frame = ax.get_window_extent(renderer)
+    centres = ax.transData.transform(np.asarray(points, dtype=float))
+    marker = 3.5 * px
+    taken = [(x - marker, y - marker, x + marker, y + marker) for x, y in centres]
+    order = sorted(range(len(points)), key=lambda i: (i not in first, points[i][0]))
+    out = []
+    for i in order:
+        probe = ax.text(0, 0, names[i], fontsize=LABEL_FONT)
+        box = probe.get_window_extent(renderer)
+        probe.remove()
+        width, height = box.width, box.height
+        best = None
+        for radius in _RADII:
+            for dx, dy in _DIRECTIONS:
+                ox, oy = radius * dx * px, radius * dy * px
+                left = centres[i][0] + ox - (width if dx < -0.3 else 0 if dx > 0.3 else width / 2)
+                bottom = centres[i][1] + oy - (height if dy < -0.3 else 0 if dy > 0.3 else height / 2)
+                rect = (left, bottom, left + width, bottom + height)
+                inside = frame.x0 <= rect[0] and rect[2] <= frame.x1 and frame.y0 <= rect[1] and rect[3] <= frame.y1
+                cost = sum(_overlap(rect, other) for other in taken) + (0 if inside else width * height)
+                if best is None or cost < best[0]:
+                    best = (cost, radius, dx, dy, rect)
+                if cost == 0:
+                    break
+            if best is not None and best[0] == 0:
+                break
+        assert best is not None
+        _, radius, dx, dy, rect = best
+        taken.append(rect)
+        out.append(ax.annotate(
+            names[i], points[i], xytext=(radius * dx, radius * dy), textcoords="offset points", fontsize=LABEL_FONT,
+            ha="right" if dx < -0.3 else "left" if dx > 0.3 else "center",
+            va="top" if dy < -0.3 else "bottom" if dy > 0.3 else "center",
+            arrowprops={"arrowstyle": "-", "color": "0.55", "linewidth": 0.6, "shrinkA": 0, "shrinkB": 3} if radius > 8 else None,
+        ))  # fmt: skip
+    return out
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+    pad = 1.0  # a pixel of air between labels
+    width = min(a[2], b[2]) - max(a[0], b[0]) + pad
+    height = min(a[3], b[3]) - max(a[1], b[1]) + pad
+    return width * height if width > 0 and height > 0 else 0.0
 
 
 def _say_no_data(ax: Any, message: str) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.cases import study_order
 from bench.plugin.compare import RECORD_KEY
 from bench.plugin.compare import BaselineError
 from bench.plugin.compare import gpu_name
@@ -77,8 +78,15 @@ def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
             merged["benchmarks"].append(bench)
     merged["datetime"] = max(run.get("datetime", "") for _, run in runs)
     merged["machine_info"][RECORD_KEY]["settings"]["shard"] = f"merged from {len(runs)}"
-    merged["benchmarks"].sort(key=lambda b: b["fullname"])
+    merged["benchmarks"].sort(key=benchmark_order)
     return merged
+
+
+def benchmark_order(bench: dict[str, Any]) -> tuple[object, ...]:
+    """The study's order of cases (blocks-2 .. opt-adam, then the loops), not the sorted
+    strings of their names; benchmarks of no case last, each tie by full name."""
+    case = bench.get("extra_info", {}).get("case")
+    return (case is None, study_order(case) if case else (), bench["fullname"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,22 +5,25 @@
     python -m bench.tools.report run1.json run2.json   # given run files
 
 Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
-line per value, smoothed), ``pareto.png``, ``history.html`` (self-contained: images
-embedded) and ``summary.md`` (fit for a CI job summary). The tables, figures and
-Pareto view describe the newest run; the history covers every run read. Every file
-is written to a temporary name and renamed, so a report is never half-written.
+line per value, smoothed), ``pareto.png``, ``history.html`` (interactive, drawn by
+bench.tools.history with Plotly; self-contained: plotly.js embedded) and ``summary.md``
+(fit for a CI job summary). The tables, figures and Pareto view describe the newest
+run; the history covers every run read, one section per GPU model. Cases are listed
+in the study's order everywhere (bench.cases.study_order). Every file is written to a
+temporary name and renamed, so a report is never half-written.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import html
+import importlib.util
 import io
 import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -28,28 +31,25 @@ from tabulate import tabulate
 
 from bench.plugin.budgets import Budgets
 from bench.cases import TITLES
-from bench.plugin.compare import DIRECTIONS
+from bench.cases import study_order
 from bench.plugin.compare import FAILURE_METRICS
 from bench.plugin.compare import HISTORY_SETTINGS
 from bench.plugin.compare import MAX_HISTORY
 from bench.plugin.compare import check_against
 from bench.plugin.compare import explain
 from bench.plugin.options import DEFAULT_BUDGETS
+from bench.tools.history import METRICS
+from bench.tools.history import history_page
 from bench.tools.runs import Run
+from bench.tools.runs import by_gpu
 from bench.tools.runs import find_run_files
 from bench.tools.runs import load_runs
 from bench.monitor.series import read_series
 from bench.plugin.summary import COLUMNS
 from bench.plugin.summary import study_row
 
-HISTORY_METRICS = {  # extra_info key: title; direction from DIRECTIONS
-    "median_epoch_s": "median epoch time (s)",
-    "accuracy": "test accuracy",
-    "macro_f1": "macro-F1",
-    "vram_peak_mib": "allocator peak (MiB)",
-    "rss_peak_mib": "process RSS peak (MiB)",
-    "energy_per_epoch_j": "energy per epoch (J)",
-}
+HISTORY_METRICS = tuple(METRICS)  # the history page's charts, in its order
+LOAD_METRICS = ("gpu_busy", "sm_activity")  # in extra_info['load']['normalized'], fractions; None: not measured
 NO_RUNS = "no mlp-loadbench runs with training cases"
 RUN_FIRST = "run `pytest bench/ --benchmark-autosave` first"
 
@@ -59,6 +59,31 @@ Flagged = dict[str, dict[str, dict[int, str]]]
 
 class ReportError(Exception):
     """Nothing to report; the message says why."""
+
+
+@dataclass
+class Section:
+    """The runs of one GPU model, oldest first, and what the history page draws of them."""
+
+    gpu: str
+    runs: list[Run]
+    lines: dict[str, dict[str, list[float | None]]]  # metric -> case -> value per run (None: not measured)
+    flagged: Flagged  # metric -> case -> run index -> the gate's message
+    experiments: dict[str, str]  # case -> experiment, in the study's order
+
+
+@dataclass
+class Summary:
+    """The newest run's cases against the run before it on the same GPU: rendered as
+    Markdown for summary.md (a CI job summary) and as a table on the history page."""
+
+    gpu: str
+    label: str
+    headers: list[str]
+    rows: list[list[str]]  # one per case, in the study's order; the last cell: "ok" or "REGRESSED: ..."
+    reasons: list[tuple[str, str, str]]  # case, metric, the gate's message
+    runs: int  # runs in the history, every GPU
+    warnings: list[str] = field(default_factory=list)
 
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
@@ -119,31 +144,52 @@ def resolve_series(path: str, roots: Sequence[Path]) -> Path | None:
 def experiment_figures(run: Run, window: int, roots: Sequence[Path], warnings: list[str]) -> dict[str, bytes]:
     from bench.tools.figures import resource_figure
 
-    out = {}
+    out, unrecorded = {}, []
     for experiment, benches in by_experiment(run).items():
         series = {}
         for bench in benches:
             info = bench["extra_info"]
-            found = resolve_series(info.get("series_path", ""), roots)
+            if not info.get("series_path"):  # a run that was not stored keeps none
+                unrecorded.append(info["case"])
+                continue
+            found = resolve_series(info["series_path"], roots)
             if found is None:
                 warnings.append(f"no series for {info['case']}: {info.get('series_path')} not found")
                 continue
             series[info["case"]] = read_series(found)
         if series:
             out[experiment] = png(resource_figure(TITLES.get(experiment, experiment), series, window))
+    if unrecorded:  # one line, not one per case
+        shown = ", ".join(unrecorded[:5]) + (", ..." if len(unrecorded) > 5 else "")
+        warnings.append(f"no series for {len(unrecorded)} case(s) ({shown}): the run recorded none (not stored)")
     return out
+
+
+def metric_value(info: dict[str, Any] | None, metric: str) -> float | None:
+    """A case record's value of a history metric; None where it was not measured."""
+    if not info:
+        return None
+    if metric in LOAD_METRICS:
+        return (info.get("load") or {}).get("normalized", {}).get(metric)
+    return info.get(metric)
+
+
+def case_experiments(runs: list[Run]) -> dict[str, str]:
+    """case -> experiment over the runs, in the study's order."""
+    found = {b["extra_info"]["case"]: b["extra_info"]["experiment"] for r in runs for b in r.cases()}
+    return {case: found[case] for case in sorted(found, key=study_order)}
 
 
 def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, list]], Flagged]:
     """Per metric: case -> values across runs, and the runs that regressed against the run
-    before them, judged by the gate's own rules (check_against) so report and gate agree."""
+    before them, judged by the gate's own rules (check_against) so report and gate agree.
+    Give it the runs of one GPU model (by_gpu): the gate does not judge across models."""
     lines: dict[str, dict[str, list]] = {m: {} for m in HISTORY_METRICS}
     flagged: Flagged = {m: {} for m in HISTORY_METRICS}
-    cases = sorted({b["extra_info"]["case"]: b["extra_info"]["experiment"] for r in runs for b in r.cases()}.items())
-    for case, experiment in cases:
+    for case, experiment in case_experiments(runs).items():
         infos = [case_info(run, case) for run in runs]
         for metric in HISTORY_METRICS:
-            lines[metric][case] = [info.get(metric) if info else None for info in infos]
+            lines[metric][case] = [metric_value(info, metric) for info in infos]
         for i in range(1, len(runs)):
             now, then = infos[i], infos[i - 1]
             if not now or not then:
@@ -172,47 +218,38 @@ def noise_history(earlier: list[Run], case: str) -> list[dict[str, Any]]:
     return [info for info in (case_info(run, case) for run in same[-MAX_HISTORY:]) if info]
 
 
-def summary_markdown(runs: list[Run], flagged: Flagged, warnings: list[str]) -> str:
-    latest, last = runs[-1], len(runs) - 1
-    lines = [f"## mlp-loadbench: {latest.gpu}, {latest.label}", ""]
+def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
+    """The newest run of `section` (the newest run's GPU model) against the run before it there."""
+    latest, last = section.runs[-1], len(section.runs) - 1
     rows, reasons = [], []
     for bench in latest.cases():
         info = bench["extra_info"]
-        marks = {m: cases[info["case"]][last] for m, cases in flagged.items() if last in cases.get(info["case"], {})}
+        marks = {m: cases[info["case"]][last] for m, cases in section.flagged.items() if last in cases.get(info["case"], {})}
         rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}", f"{info['macro_f1']:.3f}",
                      "REGRESSED: " + ", ".join(marks) if marks else "ok"])  # fmt: skip
-        reasons += [f"- {info['case']}, {metric}: {message}" for metric, message in marks.items()]
-    lines += [tabulate(rows, headers=["case", "s/epoch", "accuracy", "macro-F1", "vs previous run"], tablefmt="github",
-                       disable_numparse=True)]  # fmt: skip
-    if reasons:  # which rule of the gate flagged each regression
-        lines += ["", "Regressions against the previous run:", "", *reasons]
-    lines += ["", f"{len(runs)} run(s) in the history."]
-    lines += [f"- warning: {w}" for w in warnings]
+        reasons += [(info["case"], metric, message) for metric, message in marks.items()]
+    headers = ["case", "s/epoch", "accuracy", "macro-F1", "vs previous run"]
+    return Summary(latest.gpu, latest.label, headers, rows, reasons, runs, list(warnings))
+
+
+def summary_markdown(summary: Summary) -> str:
+    lines = [f"## mlp-loadbench: {summary.gpu}, {summary.label}", ""]
+    lines += [tabulate(summary.rows, headers=summary.headers, tablefmt="github", disable_numparse=True)]
+    if summary.reasons:  # which rule of the gate flagged each regression
+        lines += ["", "Regressions against the previous run on this GPU model:", ""]
+        lines += [f"- {case}, {metric}: {message}" for case, metric, message in summary.reasons]
+    lines += ["", f"{summary.runs} run(s) in the history."]
+    lines += [f"- warning: {w}" for w in summary.warnings]
     return "\n".join(lines) + "\n"
 
 
-def history_html(runs: list[Run], lines: dict, flagged: Flagged, extra_images: dict[str, bytes], summary: str) -> str:
-    from bench.tools.figures import history_figure
-
-    labels = [r.label for r in runs]
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>mlp-loadbench history</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}img{max-width:100%}"
-        "pre{background:#f4f4f4;padding:8px;overflow:auto}</style></head><body>",
-        f"<h1>mlp-loadbench history: {html.escape(runs[-1].gpu)}</h1>",
-        f"<pre>{html.escape(summary)}</pre>",
-    ]
-    for metric, title in HISTORY_METRICS.items():
-        direction = DIRECTIONS[metric]
-        if not any(v is not None for values in lines[metric].values() for v in values):
-            continue
-        image = png(history_figure(f"{title} ({'higher' if direction > 0 else 'lower'} is better)", labels,
-                                   lines[metric], flagged[metric]))  # fmt: skip
-        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{metric}' src='data:image/png;base64,{base64.b64encode(image).decode()}'>")
-    for name, image in extra_images.items():
-        parts.append(f"<h2>{html.escape(name)}</h2><img alt='{name}' src='data:image/png;base64,{base64.b64encode(image).decode()}'>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+def sections(runs: list[Run], budgets: Budgets) -> list[Section]:
+    """One section per GPU model, the newest run's first, each judged on its own."""
+    out = []
+    for gpu, group in by_gpu(runs).items():
+        lines, flagged = regressions(group, budgets)
+        out.append(Section(gpu, group, lines, flagged, case_experiments(group)))
+    return out
 
 
 def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: Sequence[Path] = (),
@@ -233,10 +270,15 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
 
     pareto = png(pareto_figure([b["extra_info"] for b in latest.cases()]))
     written.append(write_atomic(out / "pareto.png", pareto))
-    lines, flagged = regressions(runs, budgets)
-    summary = summary_markdown(runs, flagged, warnings)
-    written.append(write_atomic(out / "summary.md", summary))
-    written.append(write_atomic(out / "history.html", history_html(runs, lines, flagged, {"Pareto view": pareto}, summary)))
+    history = sections(runs, budgets)  # by_gpu puts the newest run's model first
+    plotly = importlib.util.find_spec("plotly") is not None  # the page's charts; the rest needs none
+    if not plotly:
+        warnings.append("history.html not written: it needs plotly (pip install -e '.[report]')")
+    summary = latest_summary(history[0], len(runs), warnings)
+    written.append(write_atomic(out / "summary.md", summary_markdown(summary)))
+    if plotly:
+        page = history_page(history, summary, {"Pareto view (newest run)": pareto})
+        written.append(write_atomic(out / "history.html", page))
     return written, warnings
 
 

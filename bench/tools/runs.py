@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.cases import study_order
 from bench.plugin.compare import BaselineError
 from bench.plugin.compare import gpu_name
 from bench.plugin.compare import read_run
@@ -29,8 +30,10 @@ class Run:
         return f"{self.commit} {self.datetime[:16].replace('T', ' ')}"
 
     def cases(self) -> list[dict[str, Any]]:
-        """Benchmarks that are training cases (they carry a case id and metrics)."""
-        return [b for b in self.benchmarks if "case" in b.get("extra_info", {}) and "accuracy" in b["extra_info"]]
+        """Benchmarks that are training cases (they carry a case id and metrics), in the
+        study's order whatever order the run file holds."""
+        cases = [b for b in self.benchmarks if "case" in b.get("extra_info", {}) and "accuracy" in b["extra_info"]]
+        return sorted(cases, key=lambda b: study_order(b["extra_info"]["case"]))
 
 
 def find_run_files(storage: Path) -> list[Path]:
@@ -66,6 +69,16 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
         )
     runs.sort(key=lambda run: run.datetime)
     return runs, warnings
+
+
+def by_gpu(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by GPU model, oldest first within each: runs on different models are
+    never one history. The newest run's model comes first, then the others by how
+    recently each last ran."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.gpu, []).append(run)
+    return dict(sorted(groups.items(), key=lambda item: item[1][-1].datetime, reverse=True))
 
 
 def unreadable_reason(path: Path, exc: BaselineError) -> str:

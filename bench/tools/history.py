@@ -1,0 +1,332 @@
+"""The report's history page, ``history.html``: interactive trends of every case across
+the stored runs, one section per GPU model, drawn with Plotly.
+
+Each section holds the runs of one GPU model (runs on different models are never one
+line), a table of the regressions the gate's rules flag between consecutive runs, and
+one chart per metric with a line per case in the study's order. Hovering a point shows
+its case, commit, date, value and change against the previous run; a red x marks a
+regression, and hovering it names the rule. Plotly's legend hides a case on click and
+shows only it on double-click. The page is one self-contained file: plotly.js is
+embedded once (in the first chart), so it opens from disk or from a CI artifact with
+no network.
+
+Hand-written here, beside what Plotly writes: the page's HTML and CSS around the
+charts (the run summary and the regression tables are plain HTML tables), and one
+short JavaScript function, ``lbPick``, behind the two <select>s of each section
+(experiment, case). It shows only the chosen lines through ``Plotly.restyle`` on every
+chart of the section and hides the regression rows of other cases. Plotly has
+dropdown menus of its own (updatemenus), but one per chart, each listing every
+combination of traces; one pair of plain selects for the whole section is shorter and
+drives all its charts at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Any
+
+from bench.cases import TITLES
+from bench.cases import study_order
+from bench.plugin.compare import DIRECTIONS
+
+if TYPE_CHECKING:
+    from bench.tools.report import Section
+    from bench.tools.report import Summary
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    unit: str  # on the axis and in the hover; "%" values are stored as fractions
+    fmt: str = ".4g"
+
+    @property
+    def scale(self) -> float:
+        return 100.0 if self.unit == "%" else 1.0
+
+
+METRICS: dict[str, Chart] = {  # extra_info key (gpu_busy, sm_activity: load.normalized): its chart
+    "median_epoch_s": Chart("median epoch time", "s"),
+    "accuracy": Chart("test accuracy", "", ".4f"),
+    "macro_f1": Chart("macro-F1", "", ".4f"),
+    "vram_peak_mib": Chart("allocator peak", "MiB", ".1f"),
+    "rss_peak_mib": Chart("process RSS peak", "MiB", ".0f"),
+    "energy_per_epoch_j": Chart("energy per epoch", "J", ".4g"),
+    "gpu_busy": Chart("GPU busy", "%", ".1f"),
+    "sm_activity": Chart("SM activity", "%", ".1f"),
+}
+FAMILIES = {  # experiment: colour scale, one shade per value
+    "blocks": "Blues",
+    "units": "Oranges",
+    "batch": "Greens",
+    "act": "Purples",
+    "opt": "Brwnyl",
+    "loop": "Greys",
+}
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "pentagon", "hexagon", "cross")
+REGRESSION_COLOUR = "#d62728"
+MAX_TICKS = 24  # run labels on the x axis before every k-th is shown
+
+SCRIPT = """<script>
+function lbPick(id, changed) {
+  var root = document.getElementById(id);
+  var exp = root.querySelector("select[name=experiment]"), cas = root.querySelector("select[name=case]");
+  if (changed === "experiment") cas.value = "";
+  if (changed === "case" && cas.value) exp.value = cas.selectedOptions[0].dataset.experiment;
+  var keep = function (m) { return (!exp.value || m.experiment === exp.value) && (!cas.value || m.case === cas.value); };
+  root.querySelectorAll(".js-plotly-plot").forEach(function (div) {
+    Plotly.restyle(div, {visible: div.data.map(function (t) { return keep(t.meta); })});
+  });
+  root.querySelectorAll("tr[data-case]").forEach(function (tr) { tr.hidden = !keep(tr.dataset); });
+}
+</script>"""
+
+STYLE = """<style>
+body{font-family:system-ui,sans-serif;max-width:1280px;margin:auto;padding:0 16px;color:#222}
+table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f2f2f2} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.when{white-space:nowrap}
+tr.regressed td{background:#fdecea} td.rule{white-space:pre-wrap;font-family:monospace;font-size:12px}
+.controls{position:sticky;top:0;background:#fff;padding:6px 0;z-index:10;border-bottom:1px solid #eee}
+.controls label{margin-right:16px} .nodata{color:#666;font-style:italic} .note{color:#555;font-size:13px}
+section{border-top:2px solid #888;margin-top:24px} img{max-width:100%}
+</style>"""
+
+
+def history_page(sections: Sequence[Section], summary: Summary, images: dict[str, bytes] | None = None) -> str:
+    """The whole page: the newest run's summary, then a section per GPU model."""
+    embed = [True]  # plotly.js goes into the first chart drawn, once
+
+    def chart_html(fig: Any, div_id: str) -> str:
+        first, embed[0] = embed[0], False
+        return fig.to_html(full_html=False, include_plotlyjs=first, div_id=div_id,
+                           config={"displaylogo": False, "responsive": True})  # fmt: skip
+
+    runs = sum(len(s.runs) for s in sections)
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        "<title>mlp-loadbench history</title>", STYLE, SCRIPT, "</head><body>",
+        "<h1>mlp-loadbench history</h1>",
+        (f"<p class='note'>{runs} run(s) on {len(sections)} GPU model(s). Hover a point for its commit, date, value "
+         "and change against the previous run; a red x marks a regression. Click a legend entry to hide a case, "
+         "double-click to show only it, or pick an experiment or a case above a section's charts.</p>"),
+        summary_html(summary),
+    ]  # fmt: skip
+    if len(sections) > 1:
+        links = " · ".join(f"<a href='#{section_id(s.gpu)}'>{html.escape(s.gpu)}</a> ({len(s.runs)})" for s in sections)
+        parts.append(f"<p>GPU models: {links}</p>")
+    for section in sections:
+        parts.append(section_html(section, chart_html))
+    for name, image in (images or {}).items():
+        parts.append(f"<h2>{html.escape(name)}</h2><img alt='{html.escape(name)}' "
+                     f"src='data:image/png;base64,{base64.b64encode(image).decode()}'>")  # fmt: skip
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def summary_html(summary: Summary) -> str:
+    """The newest run's summary (what summary.md says) as an HTML table."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in summary.headers)
+    rows = []
+    for row in summary.rows:
+        regressed = row[-1] != "ok"
+        cells = "".join(f"<td{' class=num' if 0 < i < len(row) - 1 else ''}>{html.escape(c)}</td>" for i, c in enumerate(row))
+        rows.append(f"<tr{' class=regressed' if regressed else ''}>{cells}</tr>")
+    parts = [f"<h2>Latest run: {html.escape(summary.gpu)}, {html.escape(summary.label)}</h2>",
+             f"<table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"]  # fmt: skip
+    if summary.reasons:
+        items = "".join(f"<li><b>{html.escape(case)}</b>, {html.escape(metric)}: "
+                        f"<span class='rule'>{html.escape(message)}</span></li>"
+                        for case, metric, message in summary.reasons)  # fmt: skip
+        parts.append(f"<p>Regressions against the previous run on this GPU:</p><ul>{items}</ul>")
+    parts.append(f"<p class='note'>{summary.runs} run(s) in the history.</p>")
+    if summary.warnings:
+        parts.append("<ul class='note'>" + "".join(f"<li>warning: {html.escape(w)}</li>" for w in summary.warnings) + "</ul>")
+    return "\n".join(parts)
+
+
+def section_id(gpu: str) -> str:
+    return "gpu-" + (re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "unknown")
+
+
+def section_html(section: Section, chart_html: Any) -> str:
+    sid = section_id(section.gpu)
+    cases = sorted(section.experiments, key=study_order)
+    experiments = list(dict.fromkeys(section.experiments[c] for c in cases))
+    first, last = section.runs[0], section.runs[-1]
+    parts = [
+        f"<section id='{sid}'><h2>{html.escape(section.gpu)}</h2>",
+        f"<p class='note'>{len(section.runs)} run(s), {html.escape(first.label)} to {html.escape(last.label)}.</p>",
+        "<div class='controls'>",
+        f"<label>experiment <select name='experiment' onchange=\"lbPick('{sid}', 'experiment')\">"
+        "<option value=''>all experiments</option>"
+        + "".join(f"<option value='{html.escape(e)}'>{html.escape(TITLES.get(e, e))}</option>" for e in experiments)
+        + "</select></label>",
+        f"<label>case <select name='case' onchange=\"lbPick('{sid}', 'case')\"><option value=''>all cases</option>"
+        + "".join(f"<option value='{html.escape(c)}' data-experiment='{html.escape(section.experiments[c])}'>"
+                  f"{html.escape(c)}</option>" for c in cases)
+        + "</select></label></div>",
+        regression_table(section),
+    ]  # fmt: skip
+    for metric, chart in METRICS.items():
+        fig = metric_figure(section, metric, chart)
+        parts.append(f"<h3>{html.escape(chart_title(metric, chart))}</h3>")
+        if fig is None:
+            parts.append(f"<p class='nodata'>no {html.escape(chart.title)} in these runs: {html.escape(missing_reason(section, metric))}</p>")
+        else:
+            parts.append(chart_html(fig, f"{sid}-{metric}"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def chart_title(metric: str, chart: Chart) -> str:
+    direction = DIRECTIONS.get(metric)
+    better = "" if direction is None else f", {'higher' if direction > 0 else 'lower'} is better"
+    return f"{chart.title}{f' ({chart.unit})' if chart.unit else ''}{better}"
+
+
+def missing_reason(section: Section, metric: str) -> str:
+    """Why a metric has no value: the monitor's own reasons where the runs recorded them."""
+    reasons = {why for run in section.runs for b in run.cases() for why in b["extra_info"].get("load", {}).get("unavailable", {}).values()}
+    if metric in ("gpu_busy", "sm_activity", "energy_per_epoch_j", "vram_peak_mib") and reasons:
+        return "; ".join(sorted(reasons))
+    return "not recorded by these runs"
+
+
+def fmt(value: float | None, chart: Chart) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:{chart.fmt}}{'%' if chart.unit == '%' else f' {chart.unit}' if chart.unit else ''}"
+
+
+def change(now: float | None, then: float | None, index: int, metric: str, chart: Chart) -> str:
+    """The change of a point against the same case in the run before it in the section."""
+    if index == 0:
+        return "first run on this GPU"
+    if then is None:
+        return "no value in the previous run"
+    if now is None:
+        return "n/a"
+    if chart.unit == "%":
+        text = f"{now - then:+.1f} points (was {fmt(then, chart)})"
+    elif then == 0:
+        text = f"{now - then:+.4g} (was 0)"
+    else:
+        text = f"{now / then - 1:+.1%} (was {fmt(then, chart)})"
+    direction = DIRECTIONS.get(metric)
+    if direction is not None and now != then:
+        text += ", better" if (now - then) * direction > 0 else ", worse"
+    return text
+
+
+def _colour(experiment: str, rank: int, count: int, fallback: int) -> str:
+    import plotly.colors as pc
+
+    scale = FAMILIES.get(experiment)
+    if scale is None:
+        return pc.qualitative.Dark24[fallback % len(pc.qualitative.Dark24)]
+    low, high = 0.4, 0.85  # light enough to stay apart from the regressions' red, dark enough to see
+    where = low if count <= 1 else low + (high - low) * rank / (count - 1)
+    return pc.sample_colorscale(pc.get_colorscale(scale), [where])[0]
+
+
+def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
+    """One line per case that has a value in some run, in the study's order; None when no
+    case has one (the page says so instead of drawing an empty axis)."""
+    import plotly.graph_objects as go
+
+    values = section.lines.get(metric, {})
+    cases = [c for c in sorted(values, key=study_order) if any(v is not None for v in values[c])]
+    if not cases:
+        return None
+    runs = section.runs
+    x = list(range(len(runs)))
+    fig = go.Figure()
+    families: dict[str, list[str]] = {}
+    for case in cases:
+        families.setdefault(section.experiments[case], []).append(case)
+    for n, case in enumerate(cases):
+        experiment = section.experiments[case]
+        rank = families[experiment].index(case)
+        colour = _colour(experiment, rank, len(families[experiment]), n)
+        raw = values[case]
+        y = [None if v is None else v * chart.scale for v in raw]
+        customdata = [[run.commit, run.datetime[:16].replace("T", " "), fmt(y[i], chart),
+                       change(y[i], y[i - 1] if i else None, i, metric, chart),
+                       str(run.settings.get("profile", "?"))] for i, run in enumerate(runs)]  # fmt: skip
+        name = html.escape(case)
+        meta = {"case": case, "experiment": experiment}
+        fig.add_trace(go.Scatter(
+            x=x, y=y, name=case, legendgroup=case, meta=meta, customdata=customdata, mode="lines+markers",
+            line={"color": colour, "width": 1.6}, connectgaps=False,
+            marker={"symbol": SYMBOLS[rank % len(SYMBOLS)], "size": 7, "color": colour},
+            hovertemplate=(f"<b>{name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
+                           f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
+                           "change vs previous run: %{customdata[3]}<br>profile %{customdata[4]}<extra></extra>"),
+        ))  # fmt: skip
+        flagged = sorted(i for i in section.flagged.get(metric, {}).get(case, {}) if y[i] is not None)
+        if flagged:
+            rules = section.flagged[metric][case]
+            fig.add_trace(go.Scatter(
+                x=flagged, y=[y[i] for i in flagged], name=f"{case} regression", legendgroup=case, showlegend=False,
+                meta=meta, mode="markers",
+                marker={"symbol": "x", "size": 14, "color": REGRESSION_COLOUR, "line": {"width": 1, "color": "white"}},
+                customdata=[[runs[i].commit, runs[i].datetime[:16].replace("T", " "), fmt(y[i], chart),
+                             change(y[i], y[i - 1], i, metric, chart), _rule(rules[i])] for i in flagged],
+                hovertemplate=(f"<b>REGRESSION: {name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
+                               f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
+                               "change vs previous run: %{customdata[3]}<br>rule that flagged it:<br>  %{customdata[4]}<extra></extra>"),
+            ))  # fmt: skip
+    step = max(1, math.ceil(len(runs) / MAX_TICKS))
+    fig.update_layout(
+        template="plotly_white", height=max(420, 190 + 21 * len(cases)),  # the legend fits unscrolled margin={"l": 60, "r": 10, "t": 30, "b": 10},
+        hovermode="closest", legend={"title": {"text": "case"}, "font": {"size": 11}, "tracegroupgap": 0},
+        xaxis={"tickmode": "array", "tickvals": x[::step], "tickangle": -30, "range": [-0.3, len(runs) - 0.7],
+               "ticktext": [f"{r.commit}<br>{r.datetime[:10]}" for r in runs][::step], "title": {"text": "run (commit, date)"}},
+        yaxis={"title": {"text": chart.title + (f" ({chart.unit})" if chart.unit else "")}},
+    )  # fmt: skip
+    return fig
+
+
+def regression_table(section: Section) -> str:
+    """Every regression in the section, newest first: commit, case, metric, old value,
+    new value, and the gate's message naming the rule that flagged it."""
+    rows = []
+    for metric, chart in METRICS.items():
+        for case, found in section.flagged.get(metric, {}).items():
+            for i, message in found.items():
+                values = section.lines.get(metric, {}).get(case, [])
+                old = values[i - 1] if 0 < i <= len(values) else None
+                new = values[i] if i < len(values) else None
+                rows.append((i, study_order(case), list(METRICS).index(metric), case, metric, chart, old, new, message))
+    if not rows:
+        return "<h3>Regressions</h3><p class='note'>none between consecutive runs on this GPU.</p>"
+    rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+    body = []
+    for i, _, _, case, metric, chart, old, new, message in rows:
+        run = section.runs[i]
+        old_text = fmt(None if old is None else old * chart.scale, chart)
+        new_text = fmt(None if new is None else new * chart.scale, chart)
+        body.append(
+            f"<tr class='regressed' data-case='{html.escape(case)}' data-experiment='{html.escape(section.experiments[case])}'>"
+            f"<td>{html.escape(run.commit)}</td><td class=when>{html.escape(run.datetime[:16].replace('T', ' '))}</td>"
+            f"<td>{html.escape(case)}</td><td>{html.escape(metric)}</td><td class=num>{html.escape(old_text)}</td>"
+            f"<td class=num>{html.escape(new_text)}</td><td class='rule'>{html.escape(message)}</td></tr>"
+        )
+    head = "".join(f"<th>{h}</th>" for h in ("commit", "date", "case", "metric", "old value", "new value", "rule that flagged it"))
+    return (f"<h3>Regressions ({len(rows)})</h3><table class='regressions'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>")  # fmt: skip
+
+
+def _rule(message: str) -> str:
+    """The gate's message for a hover label: its first line, broken at its clauses."""
+    first = message.splitlines()[0] if message else ""
+    return "<br>  ".join(html.escape(part) for part in first.split("; "))
