@@ -36,6 +36,8 @@ LOOP_CASES = {  # case value: TrainConfig changes
     # the step's optimizer and loss as one kernel each, over a flat parameter buffer
     "graph-fused-step": {"loop": "graph", "optimizer_impl": "triton"},
     "graph-triton-fused-step": {"loop": "graph", "impl": "triton", "optimizer_impl": "triton"},
+    # the peer: torch.compile of the same step, inside the same graph loop
+    "graph-compile": {"loop": "graph", "impl": "compile"},
 }
 
 

@@ -19,16 +19,17 @@ def ceiling_tflops(request) -> dict:
     return {"precision": options.precision, "tflops": matmul_tflops(options.device, options.precision)}
 
 
-# Triton's CPU interpreter runs a 512-wide step in about 20 s: on a CPU the fused
-# case checks the code path on a narrow model for one epoch (its record says so).
+# Triton's CPU interpreter runs a 512-wide step in about 20 s, and Inductor compiles
+# for a minute on two cores: on a CPU those cases check the code path on a narrow model
+# for one epoch (their records say so).
 INTERPRETER_OVERRIDES = {"width": 32, "epochs": 1}
 
 
 @pytest.mark.parametrize("case", loop_cases(), ids=lambda case: case.id)
 def test_training_loop(loadbench, case: Case, ceiling_tflops) -> None:
     cpu = loadbench.session.options.device.type == "cpu"
-    triton = "triton" in (case.changes.get("impl"), case.changes.get("optimizer_impl"))
-    overrides = INTERPRETER_OVERRIDES if cpu and triton else {}
+    slow_on_cpu = {"triton", "compile"} & {case.changes.get("impl"), case.changes.get("optimizer_impl")}
+    overrides = INTERPRETER_OVERRIDES if cpu and slow_on_cpu else {}
     try:
         loadbench.run(case, **overrides)
     finally:

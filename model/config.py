@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 OPTIMIZERS = ("adagrad", "rmsprop", "sgd", "adam")
-IMPLS = ("torch", "triton")
+IMPLS = ("torch", "triton", "compile")
 PRECISIONS = ("fp32", "tf32", "bf16")
 LOOPS = ("reference", "fast", "graph", "step-graph")
-OPTIMIZER_IMPLS = ("torch", "triton")
+OPTIMIZER_IMPLS = ("torch", "triton", "compile")
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class TrainConfig:
     activation: str = "leaky_relu"
     optimizer: str = "adam"
     epochs: int = 400  # the study's schedule
-    impl: str = "torch"  # 'triton' routes every Linear through kernels/linear_act.py
+    impl: str = "torch"  # 'triton': every Linear through kernels/linear_act.py; 'compile': torch.compile of the step
     precision: str = "fp32"  # fp32 is strict IEEE (TF32 off)
     loop: str = "fast"
     seed: int = 42  # split, torch, numpy and random

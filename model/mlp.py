@@ -25,7 +25,8 @@ class MLP(nn.Module):
 
     ``impl`` picks how each layer runs, never what it computes: 'torch' is nn.Linear
     plus the activation, 'triton' is our fused linear+bias+activation op with the
-    same parameters. Both initialise identically for a given torch seed.
+    same parameters ('compile' runs the torch layers; the trainer compiles its step).
+    All initialise identically for a given torch seed.
     """
 
     def __init__(

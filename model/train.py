@@ -225,6 +225,16 @@ class Trainer:
         self.optimizer, self.optimizer_impl = make_optimizer(
             config.optimizer, list(self.model.parameters()), fast, capturable, config.optimizer_impl
         )
+        # impl 'compile': the whole step (forward, loss, backward, optimizer) through
+        # torch.compile, Inductor's default mode; dynamo splits it at backward. The graph
+        # loops capture the compiled kernels like the eager ones. One compilation per
+        # batch shape (the full and the last partial batch), paid in the first epoch.
+        self._step = self._eager_step
+        if config.impl == "compile":
+            # Each trainer's step guards on a new `self`: past dynamo's recompile limit a
+            # compiled function silently runs eagerly, so every trainer starts afresh.
+            torch.compiler.reset()
+            self._step = torch.compile(self._eager_step, dynamic=False)
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
         if config.optimizer_impl == "triton":
             from kernels.cross_entropy import cross_entropy
@@ -295,6 +305,9 @@ class Trainer:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step; returns the batch's mean loss as a device tensor."""
+        return self._step(x, y)
+
+    def _eager_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)  # FlatOptimizer zeroes its flat gradient instead
         with autocast(self.config.precision, self.device):
             loss = self.loss_fn(self.model(x), y)
