@@ -28,16 +28,14 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import field
 from typing import Any
 
 from bench.cases import TITLES
 from bench.cases import study_order
 from bench.plugin.compare import DIRECTIONS
+from bench.tools.runs import Run
 
-if TYPE_CHECKING:
-    from bench.tools.report import Section
-    from bench.tools.report import Summary
 
 
 @dataclass(frozen=True)
@@ -98,6 +96,35 @@ tr.regressed td{background:#fdecea} td.rule{white-space:pre-wrap;font-family:mon
 .controls label{margin-right:16px} .nodata{color:#666;font-style:italic} .note{color:#555;font-size:13px}
 section{border-top:2px solid #888;margin-top:24px} img{max-width:100%}
 </style>"""
+
+
+# metric -> case -> index of the run that regressed against the one before -> the gate's message
+Flagged = dict[str, dict[str, dict[int, str]]]
+
+
+@dataclass
+class Section:
+    """The runs of one GPU model, oldest first, and what the history page draws of them."""
+
+    gpu: str
+    runs: list[Run]
+    lines: dict[str, dict[str, list[float | None]]]  # metric -> case -> value per run (None: not measured)
+    flagged: Flagged  # metric -> case -> run index -> the gate's message
+    experiments: dict[str, str]  # case -> experiment, in the study's order
+
+
+@dataclass
+class Summary:
+    """The newest run's cases against the run before it on the same GPU: rendered as
+    Markdown for summary.md (a CI job summary) and as a table on the history page."""
+
+    gpu: str
+    label: str
+    headers: list[str]
+    rows: list[list[str]]  # one per case, in the study's order; the last cell: "ok" or "REGRESSED: ..."
+    reasons: list[tuple[str, str, str]]  # case, metric, the gate's message
+    runs: int  # runs in the history, every GPU
+    warnings: list[str] = field(default_factory=list)
 
 
 def history_page(sections: Sequence[Section], summary: Summary, images: dict[str, bytes] | None = None) -> str:

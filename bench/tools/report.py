@@ -22,8 +22,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,9 @@ from bench.plugin.compare import check_against
 from bench.plugin.compare import explain
 from bench.plugin.options import DEFAULT_BUDGETS
 from bench.tools.history import METRICS
+from bench.tools.history import Flagged
+from bench.tools.history import Section
+from bench.tools.history import Summary
 from bench.tools.history import history_page
 from bench.tools.runs import Run
 from bench.tools.runs import by_gpu
@@ -53,37 +54,10 @@ LOAD_METRICS = ("gpu_busy", "sm_activity")  # in extra_info['load']['normalized'
 NO_RUNS = "no mlp-loadbench runs with training cases"
 RUN_FIRST = "run `pytest bench/ --benchmark-autosave` first"
 
-# metric -> case -> index of the run that regressed against the one before -> the gate's message
-Flagged = dict[str, dict[str, dict[int, str]]]
 
 
 class ReportError(Exception):
     """Nothing to report; the message says why."""
-
-
-@dataclass
-class Section:
-    """The runs of one GPU model, oldest first, and what the history page draws of them."""
-
-    gpu: str
-    runs: list[Run]
-    lines: dict[str, dict[str, list[float | None]]]  # metric -> case -> value per run (None: not measured)
-    flagged: Flagged  # metric -> case -> run index -> the gate's message
-    experiments: dict[str, str]  # case -> experiment, in the study's order
-
-
-@dataclass
-class Summary:
-    """The newest run's cases against the run before it on the same GPU: rendered as
-    Markdown for summary.md (a CI job summary) and as a table on the history page."""
-
-    gpu: str
-    label: str
-    headers: list[str]
-    rows: list[list[str]]  # one per case, in the study's order; the last cell: "ok" or "REGRESSED: ..."
-    reasons: list[tuple[str, str, str]]  # case, metric, the gate's message
-    runs: int  # runs in the history, every GPU
-    warnings: list[str] = field(default_factory=list)
 
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
