@@ -3,25 +3,29 @@
 
 pytest-benchmark times the Triton implementation (graph replay on a GPU, eager on a
 CPU); extra_info holds every implementation's time in both modes, measured with
-triton.testing's do_bench / do_bench_cudagraph, their TFLOP/s and the ratios.
+triton.testing's do_bench / do_bench_cudagraph (kernels/bench_cells.py does the
+measuring, here and in `python -m kernels.bench_cells`), their TFLOP/s, the ratios,
+and where each layer's tiles came from (`tile_sources`: table, cache, tuned,
+heuristic; `tile_routes`: split-K, cublas+epilogue; `tiles`: the launch report). The
+terminal summary names the losing cells: our speedup over the best baseline (the
+faster of torch and torch.compile, under CUDA graphs) below 0.95. A baseline that
+fails for one cell (torch.compile, say) is recorded in `errors`, not a failed case.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from model.cost import layer_shapes
-from model.config import TrainConfig
-from model.mlp import MLP
 from model.train import precision_mode
 
 GPU_GRID = [(b, w) for b in (64, 128, 256, 512) for w in (128, 256, 512, 1024, 2048)]
 CPU_GRID = [(64, 32)]  # Triton's interpreter: the code path, not the speed
 ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
+SUMMARY = "loadbench-kernel-cells"
 
 
 def _grid() -> list[tuple[int, int, str]]:
@@ -33,56 +37,58 @@ def _grid() -> list[tuple[int, int, str]]:
     return cells + [(b, w, a) for a in ACTIVATIONS if a != "leaky_relu"]
 
 
-def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str):
-    def run() -> None:
-        with torch.autocast(x.device.type, torch.bfloat16, enabled=precision == "bf16", cache_enabled=False):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
+class CellSummary:
+    """A plugin the first cell registers: at the end, the cells that lose."""
 
-    return run
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.cuda = torch.cuda.is_available()
+
+    def lines(self) -> list[str]:
+        from kernels.bench_cells import LOSING
+
+        lines = []
+        for precision in ("fp32", "bf16"):
+            mine = [r for r in self.records if r["precision"] == precision]
+            losing = [r for r in mine if r["losing"]]
+            named = ", ".join(
+                f"{r['batch']}x{r['width']} {r['activation']} {r['speedup_vs_best']:.2f} of {r['best_baseline']}"
+                f" (tiles: {' '.join(f'{k} {v}' for k, v in sorted(r['tile_sources'].items()))})"
+                for r in losing
+            )
+            if mine:
+                lines.append(f"{precision}: {len(losing)} of {len(mine)} cells below {LOSING} of the best baseline"
+                             + (f": {named}" if named else ""))  # fmt: skip
+        if not self.cuda:
+            lines.append("(CPU: the Triton interpreter against eager torch; the code path, not a speed comparison)")
+        return lines
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.records:
+            terminalreporter.write_sep("-", "fused kernel cells")
+            for line in self.lines():
+                terminalreporter.write_line(line)
 
 
-def _time_ms(fn, device: torch.device, graph: bool) -> float:
-    if device.type != "cuda":
-        import time
-
-        fn()
-        start = time.perf_counter()
-        fn()
-        return 1000 * (time.perf_counter() - start)
-    from triton.testing import do_bench
-    from triton.testing import do_bench_cudagraph
-
-    return do_bench_cudagraph(fn, rep=100) if graph else do_bench(fn, warmup=25, rep=100)
+def _summary(config: pytest.Config) -> CellSummary:
+    plugin = config.pluginmanager.get_plugin(SUMMARY)
+    if plugin is None:
+        plugin = CellSummary()
+        config.pluginmanager.register(plugin, SUMMARY)
+    return plugin
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize(("batch", "width", "activation"), _grid(), ids=lambda v: str(v))
 def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, activation: str) -> None:
+    from kernels.bench_cells import measure_cell
+
     session = request.config.pluginmanager.get_plugin("loadbench")
     device = session.options.device
     cuda = device.type == "cuda"
-    torch.manual_seed(0)
-    x = torch.randn(batch, 75, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-    base = MLP(75, width, 3, 10, activation).to(device)
-    models = {"torch": base, "triton": MLP(75, width, 3, 10, activation, impl="triton").to(device)}
-    models["triton"].load_state_dict(base.state_dict())
-    if cuda:
-        # A fresh compile per case: past dynamo's recompile limit a compiled module
-        # quietly runs eagerly, and the baseline would no longer be torch.compile.
-        torch._dynamo.reset()
-        models["compile"] = torch.compile(MLP(75, width, 3, 10, activation).to(device))
-    flops = 6 * batch * sum(i * o for i, o in layer_shapes(TrainConfig(width=width, depth=3)))
-    times: dict[str, float | None] = {}
+    cell = measure_cell(batch, width, activation, precision, device)
     with precision_mode(precision):
-        steps = {name: _step(m, x, y, precision) for name, m in models.items()}
-        for name, step in steps.items():
-            step()  # compile / autotune outside any timing
-            for graph in (False, True):
-                key = f"{name}_{'graph' if graph else 'eager'}_ms"
-                times[key] = _time_ms(step, device, graph) if (cuda or not graph) else None
-        triton_step = steps["triton"]
+        triton_step = cell.steps["triton"]
         if cuda:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -93,31 +99,27 @@ def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, ac
             target = triton_step
         benchmark.group = f"kernels-{precision}"
         benchmark.pedantic(target, rounds=20 if cuda else 1, warmup_rounds=3 if cuda else 0)
-
-    def ratio(a: str, b: str) -> float | None:
-        return times[a] / times[b] if times.get(a) and times.get(b) else None
-
-    benchmark.extra_info.update(
-        batch=batch, width=width, activation=activation, precision=precision, times_ms=times,
-        tflops={k: flops / (v / 1000) / 1e12 for k, v in times.items() if v},
-        speedup_graph_vs_torch=ratio("torch_graph_ms", "triton_graph_ms"),
-        speedup_graph_vs_compile=ratio("compile_graph_ms", "triton_graph_ms"),
-        speedup_eager_vs_torch=ratio("torch_eager_ms", "triton_eager_ms"),
-        notes=[] if cuda else ["CPU: Triton interpreter and eager torch only; no graphs, no torch.compile"],
-    )  # fmt: skip
+    record = cell.record()
+    notes = [] if cuda else ["CPU: Triton interpreter and eager torch only; no graphs, no torch.compile"]
+    benchmark.extra_info.update(record, notes=notes)
+    _summary(request.config).records.append(record)
+    times = record["times_ms"]
     assert all(v is None or (v > 0 and math.isfinite(v)) for v in times.values())
+    assert times["triton_eager_ms"] and (times["triton_graph_ms"] or not cuda)
 
 
 @pytest.mark.parametrize("batch", [4096, 8192])
 def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
     """The strict-fp32 GEMM core at large shapes: identity activation vs torch.mm (cuBLAS
-    SGEMM); extra_info names the kernel's strict-fp32 mode (IEEE or 3xTF32)."""
+    SGEMM); extra_info names the kernel's strict-fp32 mode (IEEE or 3xTF32) and the
+    launch it ran (were it routed to cuBLAS, this would compare cuBLAS with itself)."""
     session = request.config.pluginmanager.get_plugin("loadbench")
     device = session.options.device
     if device.type != "cuda":
         pytest.skip("the cuBLAS comparison needs a GPU; the interpreter proves nothing about speed")
     from triton.testing import do_bench
 
+    from kernels.linear_act import launch_report
     from kernels.linear_act import linear_act
 
     x = torch.randn(batch, 2048, device=device)
@@ -132,4 +134,5 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
     benchmark.extra_info.update(
         triton_ms=ours, cublas_ms=cublas, triton_tflops=flops / ours / 1e9, cublas_tflops=flops / cublas / 1e9,
         fraction_of_cublas=cublas / ours, strict_fp32_kernel=session.options.strict_fp32,
+        launch=[e for e in launch_report() if e["kernel"] == "fwd" and e["shape"] == [batch, 2048, 2048]],
     )

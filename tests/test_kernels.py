@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from kernels.linear_act import ACTIVATIONS
+from kernels.linear_act import LaunchConfig
 from kernels.linear_act import launch_config
 from kernels.linear_act import linear_act
 from model.mlp import MLP
@@ -199,7 +202,9 @@ def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
     torch.set_float32_matmul_precision("highest")
     x, w, b, dy = inputs(40, 75, 24, torch.float32)
     expected = run(lambda x, w, b: linear_act(x, w, b, "silu"), x, w, b, dy)
-    for cfg in candidates(torch.float32)[::3]:  # a spread of tiles; the interpreter is slow
+    spread = candidates(torch.float32)[::3]  # a spread of tiles; the interpreter is slow
+    routes = [dataclasses.replace(spread[0], split_k=2), dataclasses.replace(spread[0], backend="cublas")]
+    for cfg in spread + routes:
         op._FORCED[kernel] = cfg
         try:
             got = run(lambda x, w, b: linear_act(x, w, b, "silu"), x, w, b, dy)
@@ -265,3 +270,166 @@ def test_bias_gradient_over_a_long_batch_is_as_accurate_as_torch() -> None:
     exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(), dy.double())[3]
     ours_err, torch_err = ((g.double() - exact).pow(2).mean().sqrt().item() for g in (ours, eager))
     assert ours_err <= torch_err, (ours_err, torch_err)
+
+
+# -------------------------------------------------- split-K, routes, launch report
+
+
+@pytest.fixture
+def launches(tmp_path, monkeypatch):
+    """A clean launch state (own cache directory) for tests that set tables or force
+    tiles, and the default state back afterwards."""
+    from kernels import linear_act as op
+
+    monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    op.reset_launch_state()
+    yield op
+    op._FORCED.clear()
+    op.reset_launch_state()
+
+
+def forced_run(op, cfg, m, k, n, activation="leaky_relu", dtype=torch.float32):
+    x, w, b, dy = inputs(m, k, n, dtype)
+    op._FORCED["dw"] = cfg
+    try:
+        return run(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, dy)
+    finally:
+        op._FORCED.clear()
+
+
+@pytest.mark.parametrize(("m", "nk", "block"), [(64, 32, 16), (130, 48, 16), (97, 40, 32)])
+def test_split_k_weight_gradient_is_accurate_and_reproducible(launches, m, nk, block) -> None:
+    """dW and db summed from 2 or 4 batch slices: as accurate as the one-slice kernel,
+    the same bits on every run (fixed-order sum, no atomics), and equal to split 1
+    within fp32 rounding."""
+    torch.set_float32_matmul_precision("highest")
+    op = launches
+    whole = forced_run(op, LaunchConfig(block, block, block, 4, 3), m, nk, nk)
+    for split in (2, 4):
+        cfg = LaunchConfig(block, block, block, 4, 3, split_k=split)
+        first, again = forced_run(op, cfg, m, nk, nk), forced_run(op, cfg, m, nk, nk)
+        for name, a, b, w in zip(("y", "dx", "dw", "db"), first, again, whole):
+            assert torch.equal(a, b), (split, name)
+            assert torch.allclose(a, w, rtol=1e-5, atol=1e-5 * w.abs().max().item()), (split, name)
+        op._FORCED["dw"] = cfg
+        try:
+            check_against_float64(m, nk, nk, "silu", torch.float32)
+        finally:
+            op._FORCED.clear()
+
+
+def test_split_k_in_sixteen_bits(launches) -> None:
+    launches._FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=4)
+    check_against_float64(128, 40, 32, "tanh", torch.float16)
+
+
+def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launches) -> None:
+    torch.set_float32_matmul_precision("highest")
+    x, w, b, dy = inputs(8192, 16, 16, torch.float32, seed=1)
+    dy = dy * 100 + 1
+    launches._FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=8)
+    ours = run(lambda x, w, b: linear_act(x, w, b, "leaky_relu"), x, w, b, dy)[3]
+    launches._FORCED.clear()
+    eager = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x, w, b, dy)[3]
+    exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(), dy.double())[3]
+    ours_err, torch_err = ((g.double() - exact).pow(2).mean().sqrt().item() for g in (ours, eager))
+    assert ours_err <= torch_err, (ours_err, torch_err)
+
+
+def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, dtype=torch.float32) -> dict:
+    """A committed-table stand-in for this CPU, one entry per kernel of the layer."""
+    from kernels.linear_act import shape_key
+
+    out = {"fwd": (m, n), "dw": (n, k), "dx": (m, k)}
+    return {"cpu": {"configs": {shape_key(kn, *out[kn], dtype): dataclasses.asdict(c) for kn, c in routes.items()}}}
+
+
+CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_cublas_route_matches_torch(launches, activation) -> None:
+    """torch.mm plus our epilogue (bias + activation) and prologue (dZ, db) kernels."""
+    torch.set_float32_matmul_precision("highest")
+    launches.reset_launch_state(mode="off", tables=table_for({"fwd": CUBLAS, "dw": CUBLAS, "dx": CUBLAS}, 48, 40, 33))
+    check_against_float64(48, 40, 33, activation, torch.float32)
+    report = launches.launch_report()
+    assert {e["kernel"]: (e["source"], e["route"]) for e in report} == {
+        k: ("table", "cublas+epilogue") for k in ("fwd", "dw", "dx")
+    }
+
+
+@pytest.mark.parametrize("routes", [
+    {"dw": CUBLAS},
+    {"dx": CUBLAS},
+    {"fwd": CUBLAS, "dw": LaunchConfig(16, 16, 16, 4, 3, split_k=2)},
+], ids=["dw-cublas", "dx-cublas", "fwd-cublas-dw-split"])  # fmt: skip
+def test_mixed_routes_match_torch(launches, routes) -> None:
+    torch.set_float32_matmul_precision("highest")
+    launches.reset_launch_state(mode="off", tables=table_for(routes, 70, 40, 36))
+    check_against_float64(70, 40, 36, "silu", torch.float32)
+    got = {e["kernel"]: e["route"] for e in launches.launch_report()}
+    for kernel, cfg in routes.items():
+        assert got[kernel] == ("cublas+epilogue" if cfg.backend == "cublas" else "triton split-K 2")
+
+
+def test_launch_report_names_every_kernel_shape_and_source(launches) -> None:
+    torch.manual_seed(1)
+    model = MLP(75, 32, 2, 10, "relu", impl="triton")
+    x = torch.randn(20, 75)
+    model(x).sum().backward()
+    report = launches.launch_report()
+    seen = {(e["kernel"], tuple(e["shape"])) for e in report}
+    layers = [(20, 32, 75), (20, 32, 32), (20, 10, 32)]  # (M, N, K)
+    assert seen == {("fwd", s) for s in layers} | {("dw", s) for s in layers} | {("dx", s) for s in layers[1:]}
+    for e in report:  # the first layer's input needs no gradient: no dx for it
+        assert e["source"] == "heuristic" and e["route"] == "triton" and e["dtype"] == "float32"
+        assert LaunchConfig.from_dict(e["config"]) == launch_config(e["kernel"], *_out(e), torch.float32, "cpu")
+
+
+def _out(entry) -> tuple[int, int, int]:
+    m, n, k = entry["shape"]
+    return {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}[entry["kernel"]]
+
+
+def test_launch_configs_are_checked_when_read() -> None:
+    assert LaunchConfig.from_dict({"block_r": 32, "block_c": 32, "block_red": 16, "num_warps": 4, "num_stages": 3})
+    for bad in ({"block_r": 24}, {"block_r": 8}, {"backend": "cudnn"}, {"split_k": 0}, {"tile": 3}, {"num_warps": 3}):
+        cfg = {"block_r": 32, "block_c": 32, "block_red": 16, "num_warps": 4, "num_stages": 3, **bad}
+        with pytest.raises((ValueError, TypeError)):
+            LaunchConfig.from_dict(cfg)
+
+
+@gpu
+@needs_gpu
+def test_split_k_is_reproducible_on_the_gpu(launches) -> None:
+    """The fixed-order partial sum gives the same bits run to run where the hardware
+    schedules programs differently every time."""
+    torch.set_float32_matmul_precision("highest")
+    cfg = LaunchConfig(64, 64, 32, 4, 3, split_k=4)
+    first, again = forced_run(launches, cfg, 512, 512, 512), forced_run(launches, cfg, 512, 512, 512)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    launches._FORCED["dw"] = cfg
+    check_against_float64(512, 512, 512, "leaky_relu", torch.float32)
+
+
+@gpu
+@needs_gpu
+def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
+    """LOADBENCH_TUNE=always on a real GPU: every kernel of a layer is timed, stored,
+    right, and a CUDA graph captured afterwards replays the tuned tiles."""
+    torch.set_float32_matmul_precision("highest")
+    launches.reset_launch_state(mode="always", cache_dir=tmp_path / "cache")
+    check_against_float64(512, 256, 512, "silu", torch.float32)
+    report = launches.launch_report()
+    assert {e["kernel"] for e in report if e["source"] == "tuned" and e["shape"] == [512, 512, 256]} == {"fwd", "dw", "dx"}
+    assert (tmp_path / "cache" / "launch-cache.json").is_file()
+    model = MLP(75, 256, 2, 10, "silu", impl="triton").cuda()
+    static_x = torch.randn(256, 75, device="cuda")
+    model(static_x).sum().backward()  # tunes eagerly, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    graph.replay()
+    assert torch.allclose(static_y, model(static_x), atol=1e-5)
+    assert not any(e.get("note") for e in launches.launch_report())  # nothing fell back

@@ -1,0 +1,173 @@
+"""The per-user cache of launch configurations tuned on first use.
+
+A GPU model the committed table (kernels/launch_table.json) does not cover gets its
+tiles measured once, on first use (kernels/linear_act.py decides when); the winners
+land here, so later runs, other shards and other checkouts of the same user reuse
+them. This module only stores and reads; it knows nothing about kernels.
+
+Where: one JSON file, `launch-cache.json`, in LOADBENCH_CACHE_DIR if set, else the
+platform's cache directory (Linux: $XDG_CACHE_HOME or ~/.cache; macOS:
+~/Library/Caches; Windows: %LOCALAPPDATA%), under `mlp-loadbench/`.
+
+What: entries are grouped by `cache_key(gpu, triton, torch)`: a tile measured on one
+GPU model with one Triton and torch build says nothing about another (a new Triton
+compiles the same tile differently), so a version change re-tunes instead of trusting
+stale numbers. Inside a group, entries are keyed by the kernel's shape key.
+
+    {"format": 1,
+     "groups": {"NVIDIA H100 80GB HBM3 | triton 3.6.0 | torch 2.11.0+cu130":
+                  {"dw:float32:512:512:512": {"config": {...}, "ms": ..., ...}}}}
+
+Writes are atomic and merge: take the lock file (fcntl.flock, where the platform has
+it), re-read the file, add the entry, write a temporary file beside it and os.replace
+it over the old one. Several processes (shards, one per GPU) tuning at once therefore
+each add their entries and none is lost, and a reader never sees half a file. A file
+that does not parse is ignored with one warning (and replaced by the next write): a
+cache is never a reason to fail a run.
+
+LOADBENCH_TUNE picks the policy (`tune_mode_from_env`): 'off' (committed table, then
+the heuristic), 'cache' (the default: table, then this cache, else tune and store),
+'always' (re-tune every shape once per process and store the result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+FILE_NAME = "launch-cache.json"
+APP_DIR = "mlp-loadbench"
+
+TUNE_MODES = ("off", "cache", "always")
+
+
+def tune_mode_from_env(value: str | None) -> str:
+    """The LOADBENCH_TUNE policy; unset or empty means 'cache'."""
+    if value in (None, ""):
+        return "cache"
+    if value not in TUNE_MODES:
+        raise ValueError(f"LOADBENCH_TUNE={value!r}: use one of {', '.join(TUNE_MODES)}")
+    return value
+
+
+def cache_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """LOADBENCH_CACHE_DIR, else this user's platform cache directory + 'mlp-loadbench'."""
+    env = os.environ if env is None else env
+    platform = sys.platform if platform is None else platform
+    if env.get("LOADBENCH_CACHE_DIR"):
+        return Path(env["LOADBENCH_CACHE_DIR"]).expanduser()
+    home = Path(env.get("HOME") or Path.home())
+    if platform == "darwin":
+        root = home / "Library" / "Caches"
+    elif platform.startswith("win"):
+        root = Path(env.get("LOCALAPPDATA") or home / "AppData" / "Local")
+    else:
+        root = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home / ".cache"
+    return root / APP_DIR
+
+
+def cache_key(gpu: str, triton_version: str, torch_version: str) -> str:
+    """The group a measurement belongs to: GPU model, Triton and torch builds."""
+    return f"{gpu} | triton {triton_version} | torch {torch_version}"
+
+
+try:  # POSIX; on Windows the merge still happens, only without the lock
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux
+    fcntl = None  # type: ignore[assignment]
+
+
+class TuningCache:
+    """One group of the cache file: read once per process, written through on `put`."""
+
+    def __init__(self, directory: Path | str, key: str) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / FILE_NAME
+        self.key = key
+        self._entries: dict[str, dict[str, Any]] | None = None
+        self._warned = False
+
+    # ------------------------------------------------------------------ read
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """This group's entries. Read from disk once; later lookups are dict lookups
+        (the hot path must not touch the file)."""
+        if self._entries is None:
+            self._entries = dict(self._read_groups().get(self.key, {}))
+        return self._entries
+
+    def get(self, shape_key: str) -> dict[str, Any] | None:
+        return self.entries().get(shape_key)
+
+    def _read_groups(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Every group in the file; {} when there is no file or it does not parse."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            self._warn(f"cannot read it ({exc})")
+            return {}
+        try:
+            data = json.loads(text)
+            groups = data["groups"]
+            if data.get("format") != FORMAT or not isinstance(groups, dict):
+                raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+            if not all(isinstance(g, dict) and all(isinstance(e, dict) for e in g.values()) for g in groups.values()):
+                raise ValueError("a group or entry is not an object")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._warn(f"not a tuning cache ({type(exc).__name__}: {exc})")
+            return {}
+        return groups
+
+    def _warn(self, why: str) -> None:
+        if not self._warned:  # one warning per process and file, not one per lookup
+            self._warned = True
+            warnings.warn(f"{self.path}: {why}; ignoring it (the next tuned entry rewrites it)", stacklevel=3)
+
+    # ----------------------------------------------------------------- write
+
+    def put(self, shape_key: str, entry: dict[str, Any]) -> None:
+        """Add one entry: lock, re-read, merge, replace atomically."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            groups = self._read_groups()  # what other processes wrote since we last read
+            groups.setdefault(self.key, {})[shape_key] = entry
+            self._write_atomically({"format": FORMAT, "groups": groups})
+        self._entries = dict(groups[self.key])
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An exclusive lock on a file beside the cache: the data file itself is
+        replaced on every write, so a lock on it would lock an old inode."""
+        if fcntl is None:  # pragma: no cover
+            yield
+            return
+        with open(self.directory / (FILE_NAME + ".lock"), "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _write_atomically(self, data: dict[str, Any]) -> None:
+        handle, tmp = tempfile.mkstemp(dir=self.directory, prefix=FILE_NAME + ".", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump(data, out, indent=1, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise

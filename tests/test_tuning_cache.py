@@ -1,0 +1,342 @@
+"""The per-user tuning cache and the policy that fills it (kernels/tuning_cache.py and
+the planning part of kernels/linear_act.py), on CPU.
+
+Nothing here times anything: tuning is driven by a stand-in `measure` that returns
+chosen numbers, so the tests check what is kept, where it comes from and when tuning
+may run, never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import linear_act as op
+from kernels import tuning_cache
+from kernels.linear_act import LaunchConfig
+from kernels.linear_act import linear_act
+from kernels.tuning_cache import TuningCache
+from kernels.tuning_cache import cache_dir
+from kernels.tuning_cache import cache_key
+from kernels.tuning_cache import tune_mode_from_env
+
+M, N, K = 40, 24, 32  # one small layer: the interpreter is slow
+CONFIG = {"block_r": 16, "block_c": 32, "block_red": 16, "num_warps": 4, "num_stages": 3}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launches(tmp_path, monkeypatch):
+    """Every test starts from an empty cache in its own directory and the default mode,
+    and leaves no plans behind for the next module."""
+    monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LOADBENCH_TUNE", raising=False)
+    op.reset_launch_state()
+    yield
+    op.reset_launch_state()
+
+
+def layer(m=M, n=N, k=K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / k**0.5, torch.randn(n, generator=g)
+
+
+def train_step(x, w, b, activation="leaky_relu"):
+    """Forward and backward through the op (every kernel: fwd, dw, dx)."""
+    x, w, b = (t.clone().requires_grad_() for t in (x, w, b))
+    y = linear_act(x, w, b, activation)
+    y.sum().backward()
+    return [y.detach(), x.grad, w.grad, b.grad]
+
+
+def sources() -> dict[str, str]:
+    return {e["kernel"]: e["source"] for e in op.launch_report()}
+
+
+class FakeMeasure:
+    """Stands in for CUDA-graph timing: 1 ms for the candidates `wins` picks, 2 ms else."""
+
+    def __init__(self, wins=lambda kernel, cfg: False):
+        self.wins = wins
+        self.calls: list[tuple[str, LaunchConfig]] = []
+
+    def __call__(self, kernel, m, n, k, dtype, cfg, device):
+        self.calls.append((kernel, cfg))
+        return 1.0 if self.wins(kernel, cfg) else 2.0
+
+
+def refuse(*args):
+    raise AssertionError("nothing should be tuned here")
+
+
+# ------------------------------------------------------------------ the mode
+
+
+def test_tune_mode_parsing() -> None:
+    assert tune_mode_from_env(None) == "cache" and tune_mode_from_env("") == "cache"
+    assert [tune_mode_from_env(v) for v in ("off", "cache", "always")] == ["off", "cache", "always"]
+    with pytest.raises(ValueError, match="LOADBENCH_TUNE='fast': use one of off, cache, always"):
+        tune_mode_from_env("fast")
+
+
+def test_a_bad_mode_stops_the_first_launch(monkeypatch) -> None:
+    monkeypatch.setenv("LOADBENCH_TUNE", "sometimes")
+    op.reset_launch_state()
+    with pytest.raises(ValueError, match="LOADBENCH_TUNE='sometimes'"):
+        op.launch_config("fwd", 64, 64, 64, torch.float32)
+
+
+# ------------------------------------------------------------------ the store
+
+
+def test_cache_directory_per_platform(tmp_path) -> None:
+    home = str(tmp_path)
+    assert cache_dir({"LOADBENCH_CACHE_DIR": "/x/y", "HOME": home}, "linux") == Path("/x/y")
+    assert cache_dir({"XDG_CACHE_HOME": "/xdg", "HOME": home}, "linux") == Path("/xdg/mlp-loadbench")
+    assert cache_dir({"HOME": home}, "linux") == tmp_path / ".cache" / "mlp-loadbench"
+    assert cache_dir({"HOME": home}, "darwin") == tmp_path / "Library" / "Caches" / "mlp-loadbench"
+    assert cache_dir({"HOME": home, "LOCALAPPDATA": "/appdata"}, "win32") == Path("/appdata/mlp-loadbench")
+
+
+def test_the_key_holds_gpu_and_versions_and_groups_stay_apart(tmp_path) -> None:
+    key = cache_key("NVIDIA H100 80GB HBM3", "3.6.0", "2.11.0+cu130")
+    assert key == "NVIDIA H100 80GB HBM3 | triton 3.6.0 | torch 2.11.0+cu130"
+    TuningCache(tmp_path, key).put("fwd:float32:64:64:64", {"config": CONFIG})
+    newer_torch = cache_key("NVIDIA H100 80GB HBM3", "3.6.0", "2.13.0")
+    assert TuningCache(tmp_path, newer_torch).get("fwd:float32:64:64:64") is None  # a new build re-tunes
+    TuningCache(tmp_path, newer_torch).put("fwd:float32:64:64:64", {"config": {**CONFIG, "block_r": 32}})
+    groups = json.loads((tmp_path / tuning_cache.FILE_NAME).read_text())["groups"]
+    assert groups[key]["fwd:float32:64:64:64"]["config"]["block_r"] == 16
+    assert groups[newer_torch]["fwd:float32:64:64:64"]["config"]["block_r"] == 32
+
+
+def test_writes_replace_the_file_whole_and_leave_no_temporary(tmp_path, monkeypatch) -> None:
+    cache = TuningCache(tmp_path, "k")
+    cache.put("a", {"config": CONFIG})
+    before = (tmp_path / tuning_cache.FILE_NAME).read_text()
+
+    def broken_dump(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tuning_cache.json, "dump", broken_dump)
+    with pytest.raises(OSError, match="disk full"):
+        cache.put("b", {"config": CONFIG})
+    assert (tmp_path / tuning_cache.FILE_NAME).read_text() == before  # the old file, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tuning_cache.FILE_NAME, tuning_cache.FILE_NAME + ".lock"]
+
+
+def _writer(directory: str, prefix: str, count: int, start) -> None:  # type: ignore[no-untyped-def]
+    """A child process: add `count` entries one by one, as a tuning shard would."""
+    start.wait()
+    cache = TuningCache(directory, "GPU X | triton 3 | torch 2")
+    for i in range(count):
+        cache.put(f"{prefix}:{i}", {"config": CONFIG, "ms": float(i)})
+
+
+def test_two_processes_writing_at_once_lose_no_entry(tmp_path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    writers = [ctx.Process(target=_writer, args=(str(tmp_path), prefix, 20, start)) for prefix in ("a", "b")]
+    for p in writers:
+        p.start()
+    start.set()
+    for p in writers:
+        p.join(120)
+        assert p.exitcode == 0
+    entries = TuningCache(tmp_path, "GPU X | triton 3 | torch 2").entries()
+    assert sorted(entries) == sorted(f"{p}:{i}" for p in "ab" for i in range(20))
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"format": 99, "groups": {}}', '{"format": 1, "groups": {"k": 3}}'])
+def test_a_corrupt_cache_file_is_ignored_with_one_warning(tmp_path, content) -> None:
+    (tmp_path / tuning_cache.FILE_NAME).write_text(content)
+    cache = TuningCache(tmp_path, "k")
+    with pytest.warns(UserWarning, match="ignoring it") as caught:
+        assert cache.get("a") is None
+        cache._read_groups()  # read again: no second warning
+    assert len(caught) == 1
+    cache.put("a", {"config": CONFIG})  # the next write replaces it with a good file
+    assert TuningCache(tmp_path, "k").get("a") == {"config": CONFIG}
+
+
+# ----------------------------------------------------------------- the policy
+
+
+def test_on_a_cpu_nothing_is_tuned_and_the_source_is_the_heuristic(tmp_path) -> None:
+    train_step(*layer())
+    assert sources() == {"fwd": "heuristic", "dw": "heuristic", "dx": "heuristic"}
+    assert not (tmp_path / "cache" / tuning_cache.FILE_NAME).exists()
+
+
+def test_tuned_on_first_use_stored_and_reused_by_a_later_run(tmp_path, capsys) -> None:
+    cache = tmp_path / "cache"
+    split = lambda kernel, cfg: kernel == "dw" and cfg.split_k == 2  # noqa: E731
+    measure = FakeMeasure(split)
+    op.reset_launch_state(cache_dir=cache, measure=measure, sm_count=132)
+    expected = train_step(*layer())
+    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"}
+    assert [e["route"] for e in op.launch_report() if e["kernel"] == "dw"] == ["triton split-K 2"]
+    assert "loadbench: tuning dw:float32:32:32:64" in capsys.readouterr().err  # the progress line
+    tuned = len(measure.calls)
+    train_step(*layer())  # the same process: planned once, never tuned again
+    assert len(measure.calls) == tuned
+
+    op.reset_launch_state(cache_dir=cache, measure=refuse, sm_count=132)  # a later run
+    got = train_step(*layer())
+    assert sources() == {"fwd": "cache", "dw": "cache", "dx": "cache"}
+    assert [e["config"]["split_k"] for e in op.launch_report() if e["kernel"] == "dw"] == [2]
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e)
+
+
+def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -> None:
+    """The real tuning path (time_launch calls the op again, from inside the op's own
+    forward and from autograd's backward), a CPU stand-in for the CUDA-graph timer:
+    every candidate runs, the nested calls never tune, the results stay right."""
+    ran: list[str] = []
+
+    def cpu_timer(fn):
+        fn()
+        ran.append("x")
+        return float(len(ran))  # the first candidate (the heuristic's) wins: nothing timed
+
+    def measure(kernel, m, n, k, dtype, cfg, device):
+        return op.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer)
+
+    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, sm_count=4)
+    x, w, b = layer()
+    got = train_step(x, w, b, "silu")
+    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"} and ran and not op._FORCED
+    assert len(op._PLANS) == 3  # the nested calls left no plans of their own
+    ref = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = torch.nn.functional.silu(torch.nn.functional.linear(*ref))
+    y.sum().backward()
+    for g, e in zip(got, [y.detach()] + [t.grad for t in ref]):
+        assert torch.allclose(g, e, atol=1e-4)
+
+
+def test_the_committed_table_wins_over_the_cache(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    table_cfg, cached_cfg = LaunchConfig(16, 16, 16, 4, 3), LaunchConfig(32, 32, 32, 4, 3)
+    store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
+    for kernel, rows, cols, red in (("fwd", M, N, K), ("dw", N, K, M)):
+        store.put(op.tuned_key(kernel, rows, cols, red, torch.float32), {"config": asdict(cached_cfg)})
+    table = {"cpu": {"configs": {op.shape_key("fwd", M, N, torch.float32): asdict(table_cfg)}}}
+    op.reset_launch_state(cache_dir=cache, tables=table, measure=refuse)
+    train_step(*layer())
+    report = {e["kernel"]: e for e in op.launch_report()}
+    assert report["fwd"]["source"] == "table" and report["fwd"]["config"] == asdict(table_cfg)
+    assert report["dw"]["source"] == "cache" and report["dw"]["config"] == asdict(cached_cfg)
+
+
+def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
+    store.put(op.tuned_key("dw", N, K, M, torch.float32), {"config": CONFIG})
+    table = {"cpu": {"configs": {op.shape_key("fwd", M, N, torch.float32): CONFIG}}}
+    op.reset_launch_state(mode="off", cache_dir=cache, tables=table, measure=refuse)
+    train_step(*layer())
+    assert sources() == {"fwd": "table", "dw": "heuristic", "dx": "heuristic"}
+
+
+def test_always_re_tunes_over_table_and_cache(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    table = {"cpu": {"configs": {op.shape_key("fwd", M, N, torch.float32): CONFIG}}}
+    measure = FakeMeasure(lambda kernel, cfg: cfg.block_r == 32 and cfg.block_c == 32 and cfg.block_red == 32)
+    op.reset_launch_state(mode="always", cache_dir=cache, tables=table, measure=measure)
+    train_step(*layer())
+    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"}
+    assert all(e["config"]["block_r"] == 32 for e in op.launch_report())
+    stored = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__)).entries()
+    assert len(stored) == 3 and all(e["config"]["block_red"] == 32 for e in stored.values())
+
+
+def test_a_first_call_during_graph_capture_falls_back_then_tunes(tmp_path, monkeypatch) -> None:
+    measure = FakeMeasure()
+    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    monkeypatch.setattr(op, "_stream_capturing", lambda device: True)
+    x, w, b = layer()
+    linear_act(x, w, b, "relu")
+    (entry,) = op.launch_report()
+    assert entry["source"] == "heuristic" and "CUDA-graph capture" in entry["note"] and not measure.calls
+    monkeypatch.setattr(op, "_stream_capturing", lambda device: False)
+    linear_act(x, w, b, "relu")  # the next eager call tunes
+    (entry,) = op.launch_report()
+    assert entry["source"] == "tuned" and measure.calls
+    assert entry["fallback"]["source"] == "heuristic"  # what the captured call ran
+
+
+def test_tracing_never_tunes(tmp_path) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=refuse)
+    with FakeTensorMode() as mode:
+        # what the op's body asks while torch.compile traces it (through the interpreter
+        # the body would go on to run its kernels on the fake tensors, so plan alone)
+        x = mode.from_tensor(layer()[0])
+        plan = op._plan("fwd", M, N, K, x)
+    assert plan.cfg == op.heuristic_config(M, N, K, torch.float32) and not op._PLANS  # asked again next call
+    (entry,) = op.launch_report()
+    assert entry["source"] == "heuristic" and "torch.compile tracing" in entry["note"]
+
+
+def test_a_bad_cached_config_is_re_tuned_with_a_warning(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
+    store.put(op.tuned_key("fwd", M, N, K, torch.float32), {"config": {**CONFIG, "block_r": 24}})
+    op.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
+    with pytest.warns(UserWarning, match="powers of two"):
+        linear_act(*layer(), "relu")
+    assert sources() == {"fwd": "tuned"}
+
+
+def test_an_unwritable_cache_keeps_the_tile_for_the_process(tmp_path, monkeypatch) -> None:
+    def no_space(self, key, entry):
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(TuningCache, "put", no_space)
+    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=FakeMeasure())
+    with pytest.warns(UserWarning, match="last this process only"):
+        linear_act(*layer(), "relu")
+    assert sources() == {"fwd": "tuned"}
+
+
+def test_a_candidate_that_fails_is_skipped(tmp_path) -> None:
+    def measure(kernel, m, n, k, dtype, cfg, device):
+        if cfg.block_r == 64:  # the heuristic's tile among them
+            raise RuntimeError("out of shared memory")
+        return 1.0 if cfg.block_red == 16 else 2.0
+
+    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    linear_act(*layer(), "relu")
+    (entry,) = op.launch_report()
+    assert entry["source"] == "tuned" and entry["config"]["block_red"] == 16 and entry["config"]["block_r"] == 32
+
+
+def test_tuning_candidates() -> None:
+    dw = op.tuning_candidates("dw", 512, 512, 512, torch.float32, sm_count=132)
+    assert dw[0] == op.heuristic_config(512, 512, 512, torch.float32)  # measured first: the baseline
+    assert {c.split_k for c in dw} >= {1, 2, 4} and dw[-1].backend == "cublas"
+    assert all(c.split_k * -(-512 // c.block_r) * -(-512 // c.block_c) <= 2 * 132 for c in dw if c.split_k > 1)
+    assert all(c.split_k == 1 for c in op.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132))
+    assert all(c.split_k == 1 for c in op.tuning_candidates("dw", 512, 512, 512, torch.float32, None))
+    head = op.tuning_candidates("fwd", 512, 10, 512, torch.bfloat16, 132)
+    assert all(c.block_c <= 32 for c in head if c.backend == "triton")  # no 128-column tiles over 10 columns
+    assert len(set(dw)) == len(dw)
+
+
+def test_experiment_shapes_match_the_suite() -> None:
+    """kernels/ may not import bench/: bench_cells keeps its own copy of the axes."""
+    from bench.cases import EXPERIMENTS
+    from kernels import bench_cells
+    from model.config import TrainConfig
+
+    assert tuple(EXPERIMENTS["batch"][1]) == bench_cells.BATCHES
+    assert tuple(EXPERIMENTS["units"][1]) == bench_cells.WIDTHS
+    assert bench_cells.CENTRE == (TrainConfig.OPTIMAL.batch_size, TrainConfig.OPTIMAL.width)
+    assert bench_cells.DEPTH == TrainConfig.OPTIMAL.depth
+
