@@ -88,7 +88,7 @@ def test_tables_of_different_devices_are_not_compared() -> None:
 
 
 def test_long_kernel_names_are_shortened_for_display_but_diffed_in_full() -> None:
-    twin = LONG[:-5] + "XXXX>"  # same first 80 characters, another kernel
+    twin = LONG[:-5] + "ZZZZ>"  # same first 80 characters, another kernel
     then = table({LONG: (10, 100.0), twin: (10, 100.0)})
     now = table({LONG: (10, 100.0), twin: (10, 150.0)})
     (change,) = diff(now, then)
