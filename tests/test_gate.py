@@ -125,6 +125,31 @@ def test_history_keeps_only_runs_comparable_to_the_baseline(tmp_path) -> None:
     assert [r["datetime"] for r in found] == ["2026-01-01", "2026-01-05", "2026-06-01"]
 
 
+def test_history_reads_only_as_many_stored_runs_as_it_keeps(tmp_path, monkeypatch) -> None:
+    import json
+    import os
+
+    import bench.plugin.compare as compare
+
+    settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "loop": "graph", "impl": "torch",
+                "optimizer_impl": "torch", "precision": "fp32", "plant": None}  # fmt: skip
+    def run(day: int) -> dict:
+        return {"datetime": f"2026-01-{day:02d}", "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
+                "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}  # fmt: skip
+
+    for day in range(1, 31):
+        path = tmp_path / f"{day:04d}_run.json"
+        path.write_text(json.dumps(run(day)))
+        os.utime(path, (day * 1000, day * 1000))  # modified in the order they ran
+    reads = []
+    real = compare.read_run
+    monkeypatch.setattr(compare, "read_run", lambda path: reads.append(path) or real(path))
+    baseline = run(30)
+    found = load_history(tmp_path / "0030_run.json", baseline, sorted(tmp_path.glob("*.json")))
+    assert [r["datetime"] for r in found] == [f"2026-01-{day:02d}" for day in range(21, 31)]
+    assert len(reads) == 9  # the nine newest before the baseline, not all 29
+
+
 # ----------------------------------------------------------------- budget precedence
 
 LEVELS = [

@@ -115,9 +115,15 @@ def comparable(run: dict[str, Any], baseline_run: dict[str, Any]) -> bool:
 def load_history(baseline_path: Path, baseline_run: dict[str, Any], candidates: Sequence[Path]) -> list[dict[str, Any]]:
     """The stored runs that tell a case's run-to-run noise: the baseline and the newest
     earlier runs beside it or in the storage, on the same GPU model with the same
-    settings, oldest first. Files that are not our runs are passed over."""
+    settings, oldest first. Files that are not our runs are passed over.
+
+    A long-lived runner's storage holds many runs: files are read newest-modified
+    first and reading stops once MAX_HISTORY - 1 earlier comparable runs are found."""
     runs = {baseline_path.resolve(): baseline_run}
-    for path in candidates:
+    newest_first = sorted(candidates, key=lambda p: p.stat().st_mtime if p.exists() else 0.0, reverse=True)
+    for path in newest_first:
+        if len(runs) >= MAX_HISTORY:
+            break
         if path.resolve() in runs:
             continue
         try:
