@@ -395,3 +395,34 @@ def test_traced_regression_names_the_op_that_grew(bench, pytester, monkeypatch) 
     result = bench(f"--benchmark-compare={saved_runs(pytester)[0]}", "--kernel-trace", "-k", "test_small", budgets=GATE)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*epoch_time_ratio = 1.5 breaks*", "*kernels that grew most:*", "*aten::cumsum (new:*"])
+
+
+def test_cold_caches_are_emptied_for_the_session_and_stated(bench, pytester, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "users-triton-cache"))
+    pytester.makeconftest(CONFTEST + """
+import os, pytest
+
+@pytest.fixture(autouse=True)
+def report_cache_dirs(request):
+    yield
+    print("CACHES", os.environ["TRITON_CACHE_DIR"], os.environ["TORCHINDUCTOR_CACHE_DIR"])
+""")
+    result = bench("--cold-caches", "--benchmark-json=out.json", "-s", budgets="")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*1st epoch s: compilation and capture included; Triton/Inductor caches cold (emptied for this session)*"])
+    line = next(line for line in result.stdout.lines if "CACHES" in line)
+    triton_dir = line.split()[-2]
+    assert "loadbench-caches-" in triton_dir and "users-triton-cache" not in triton_dir
+    assert not Path(triton_dir).parent.exists()  # the session's scratch caches are gone
+    info = json.loads((pytester.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
+    assert info["kernel_caches"].startswith("cold") and info["first_epoch_s"] > 0
+
+
+def test_cache_state_is_read_from_the_users_folders(tmp_path, monkeypatch) -> None:
+    from bench.plugin.caches import KernelCaches
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert KernelCaches.for_session(cold=False).state == "empty"
+    (tmp_path / "inductor" / "some").mkdir(parents=True)
+    assert KernelCaches.for_session(cold=False).state == "warm"

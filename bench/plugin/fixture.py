@@ -157,6 +157,7 @@ class LoadBench:
             "notes": result.notes,
             "epoch_seconds_by_round": rounds,
             "first_epoch_s": rounds[-1][0],
+            "kernel_caches": session.caches.state,  # what the first epoch paid for compilation
             "median_epoch_s": median_epoch,
             "train_seconds": sum(rounds[-1]),
             "samples_per_s": len(data.y_train) / median_epoch,

@@ -119,6 +119,9 @@ def add_options(parser: pytest.Parser) -> None:
                     help="run the I-th of N deterministic shards of the collected cases (1-based)")
     group.addoption("--shard-durations", default=None, metavar="RUN.json",
                     help="with --shard: balance the shards by each case's time in this earlier run")
+    group.addoption("--cold-caches", action="store_true", default=False,
+                    help="point Triton's and Inductor's caches at empty folders for this session, so each "
+                         "first epoch includes compilation; records say whether caches were cold or warm")
     group.addoption("--kernel-trace", action="store_true", default=False,
                     help="after each case, profile a few steady epochs and store the kernel table; "
                          "a time regression against a traced baseline names the kernels that grew")
@@ -144,6 +147,7 @@ class Options:
     strict_fp32: str  # how impl=triton runs fp32 at 'highest': 'ieee' or 'tf32x3'
     plant: Plant | None
     trace: bool
+    cold_caches: bool
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
@@ -179,6 +183,7 @@ class Options:
             strict_fp32=STRICT_FP32,
             plant=config.getoption("plant_slowdown"),
             trace=config.getoption("kernel_trace"),
+            cold_caches=config.getoption("cold_caches"),
         )
 
     def header(self) -> str:

@@ -20,6 +20,7 @@ from bench.plugin.budgets import Budgets
 from bench.plugin.budgets import BudgetError
 from bench.monitor.sampler import GpuProbe
 from bench.plugin.budgets import dataset_key
+from bench.plugin.caches import KernelCaches
 from bench.plugin.compare import RECORD_KEY
 from bench.plugin.compare import Baseline
 from bench.plugin.compare import BaselineError
@@ -62,6 +63,7 @@ class LoadBenchSession:
                 split_by_video(self._frames)
             except DataError as exc:
                 raise pytest.UsageError(f"--dataset: {exc}") from None
+        self.caches = KernelCaches.for_session(cold=self.options.cold_caches)
         self.probe = GpuProbe.open(self.options.device)
         self.baselines: list[Baseline] = []
         self.baseline_messages: list[str] = []
@@ -104,6 +106,7 @@ class LoadBenchSession:
             "shard": f"{shard[0]}/{shard[1]}" if shard else None,
             "shard_durations": self.config.getoption("shard_durations") if shard else None,
             "plant": str(o.plant) if o.plant else None,
+            "kernel_caches": self.caches.state,
         }
 
     def dataset(self) -> Dataset:
@@ -286,3 +289,4 @@ class LoadBenchSession:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if isinstance(self.probe, GpuProbe):
             self.probe.close()
+        self.caches.close()

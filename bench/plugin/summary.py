@@ -11,7 +11,7 @@ from bench.cases import TITLES
 from bench.cases import study_order
 from bench.plugin.compare import failed_metrics
 
-COLUMNS = ("Time(s)", "Accuracy", "F1", "GPU busy", "SM act.", "VRAM MiB", "CPU", "RSS MiB", "Energy J")
+COLUMNS = ("Time(s)", "1st epoch s", "Accuracy", "F1", "GPU busy", "SM act.", "VRAM MiB", "CPU", "RSS MiB", "Energy J")
 
 
 def _pct(value: float | None) -> str:
@@ -28,6 +28,7 @@ def study_row(label: str, record: dict[str, Any]) -> list[str]:
     return [
         label,
         _num(record["train_seconds"], ".2f"),
+        _num(record.get("first_epoch_s"), ".2f"),
         _num(record["accuracy"], ".3f"),
         _num(record["macro_f1"], ".3f"),
         _pct(norm["gpu_busy"]),
@@ -88,6 +89,9 @@ def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -
             rows = [r[:-2] + r[-1:] for r in rows]
             headers.remove("vs baseline")
         lines += ["", tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
+    states = sorted({str(e["record"].get("kernel_caches")) for e in entries if e["record"].get("kernel_caches")})
+    if states:
+        lines += ["", f"1st epoch s: compilation and capture included; Triton/Inductor caches {', '.join(states)}"]
     lines += noise_lines(entries)
     reasons = {what: why for e in entries for what, why in e["record"]["load"]["unavailable"].items()}
     if reasons:
