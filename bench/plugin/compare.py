@@ -103,13 +103,17 @@ def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any])
     return baseline
 
 
+def same_measurement(gpu: str, settings: dict[str, Any], other_gpu: str, other_settings: dict[str, Any]) -> bool:
+    """Whether two runs measured the same thing: one GPU model and the HISTORY_SETTINGS alike."""
+    return gpu == other_gpu and all(settings.get(key) == other_settings.get(key) for key in HISTORY_SETTINGS)
+
+
 def comparable(run: dict[str, Any], baseline_run: dict[str, Any]) -> bool:
     """Whether a stored run measured what the baseline measured: same GPU model and settings."""
-    ours, theirs = run["machine_info"][RECORD_KEY], baseline_run["machine_info"][RECORD_KEY]
-    if gpu_name(run["machine_info"]) != gpu_name(baseline_run["machine_info"]):
-        return False
-    mine, base = ours.get("settings", {}), theirs.get("settings", {})
-    return all(mine.get(key) == base.get(key) for key in HISTORY_SETTINGS)
+    return same_measurement(
+        gpu_name(run["machine_info"]), run["machine_info"][RECORD_KEY].get("settings", {}),
+        gpu_name(baseline_run["machine_info"]), baseline_run["machine_info"][RECORD_KEY].get("settings", {}),
+    )  # fmt: skip
 
 
 def load_history(baseline_path: Path, baseline_run: dict[str, Any], candidates: Sequence[Path]) -> list[dict[str, Any]]:

@@ -31,10 +31,10 @@ from bench.plugin.budgets import Budgets
 from bench.cases import TITLES
 from bench.cases import study_order
 from bench.plugin.compare import FAILURE_METRICS
-from bench.plugin.compare import HISTORY_SETTINGS
 from bench.plugin.compare import MAX_HISTORY
 from bench.plugin.compare import check_against
 from bench.plugin.compare import explain
+from bench.plugin.compare import same_measurement
 from bench.plugin.options import DEFAULT_BUDGETS
 from bench.tools.history import METRICS
 from bench.tools.history import Flagged
@@ -187,8 +187,7 @@ def noise_history(earlier: list[Run], case: str) -> list[dict[str, Any]]:
     `earlier` as baseline: that run and the newest before it on the same GPU model with
     the same settings (compare.load_history, on runs already read), oldest first."""
     baseline = earlier[-1]
-    same = [run for run in earlier if run.gpu == baseline.gpu
-            and all(run.settings.get(k) == baseline.settings.get(k) for k in HISTORY_SETTINGS)]  # fmt: skip
+    same = [run for run in earlier if same_measurement(run.gpu, run.settings, baseline.gpu, baseline.settings)]
     return [info for info in (case_info(run, case) for run in same[-MAX_HISTORY:]) if info]
 
 
