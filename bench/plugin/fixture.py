@@ -18,23 +18,23 @@ from typing import Any
 import pytest
 import torch
 
-from bench.plugin.budgets import Failure
-from bench.plugin.budgets import check_ceilings
-from bench.plugin.budgets import check_floors
 from bench.cases import Case
-from bench.plugin.compare import case_history
-from bench.plugin.compare import check_against
-from bench.plugin.compare import deltas
-from bench.plugin.compare import estimate_noise
-from bench.plugin.compare import time_limit
-from bench.plugin.compare import time_samples
-from bench.monitor.trace import profile_trainer
-from bench.plugin.compare import explain
-from bench.plugin.plant import plant_slowdown
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import LoadMonitor
 from bench.monitor.series import safe_name
 from bench.monitor.series import write_series
+from bench.monitor.trace import profile_trainer
+from bench.plugin.budgets import Failure
+from bench.plugin.budgets import check_ceilings
+from bench.plugin.budgets import check_floors
+from bench.plugin.compare import case_history
+from bench.plugin.compare import check_against
+from bench.plugin.compare import deltas
+from bench.plugin.compare import estimate_noise
+from bench.plugin.compare import explain
+from bench.plugin.compare import time_limit
+from bench.plugin.compare import time_samples
+from bench.plugin.plant import plant_slowdown
 from bench.plugin.session import LoadBenchSession
 from model.config import TrainConfig
 from model.cost import training_cost
@@ -101,9 +101,9 @@ class LoadBench:
                 pytrace=False,
             )
         result = trainers[-1].result()
-        if options.trace:  # after the timed window, before the trainer lets go of its model
-            self.benchmark.extra_info["kernel_trace"] = profile_trainer(trainers[-1]).to_dict()
         record = self._record(case, config, result, trainers, monitor)
+        if options.trace:  # after the timed window, before the trainer lets go of its model
+            record["kernel_trace"] = profile_trainer(trainers[-1]).to_dict()
         trainers[-1].release()
         self.benchmark.extra_info.update(record)
         self._judge(case, record)
@@ -204,7 +204,7 @@ class LoadBench:
             self.benchmark.extra_info["time_gate"] = record["time_gate"]
             if baseline.gating:
                 found_failures = check_against(budget, record, saved.get("extra_info", {}), history=history)
-                failures += [explain(f, self.benchmark.extra_info, saved.get("extra_info", {})) for f in found_failures]
+                failures += [explain(f, record, saved.get("extra_info", {})) for f in found_failures]
         session.records.append(entry)
         if failures:
             lines = "\n".join(f"  {f.message}" for f in failures)
