@@ -19,9 +19,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import prune
 
 from model.config import TrainConfig
 from model.data import Dataset
+from model.train import Trainer
+from model.train import make_optimizer
 
 WEIGHTS = ("fp32", "bf16", "fp8", "int8-weight", "int8-dynamic")
 # Lower-precision variants run on a bf16 model (torchao's recommended base): the
@@ -159,4 +162,136 @@ def compress(model: nn.Module, compression: Compression, data: Dataset, config: 
     Order: prune (unstructured or 2:4) -> fine-tune with the masks held -> make the
     zeros permanent -> cast to the base dtype -> 2:4 or torchao quantization.
     Raises `Unsupported` with the reason where the variant cannot run on `data`'s device."""
-    raise NotImplementedError("model.compress.compress: being implemented (issue #18)")
+    if not isinstance(compression, Compression):
+        raise TypeError(f"compress: compression must be a Compression, not {type(compression).__name__}")
+    reason = unsupported_reason(compression, data.device)
+    if reason is not None:
+        raise Unsupported(reason)
+    network = copy.deepcopy(_network(model)).to(data.device)
+    notes: list[str] = []
+    masks = _prune(network, compression, notes)
+    if masks and compression.finetune_epochs:
+        network = _finetune(network, masks, data, config, compression.finetune_epochs, notes)
+    for module in masks:
+        prune.remove(module, "weight")  # the masked weights become plain tensors with zeros
+    dtype = BASE_DTYPE[compression.weights]
+    network = network.to(dtype).eval()
+    network.requires_grad_(False)
+    if compression.semi_structured:
+        _to_semi_structured(network, notes)
+    if compression.weights in ("fp8", "int8-weight", "int8-dynamic"):
+        _quantize(network, compression.weights, notes)
+    return Served(network, dtype, compression, notes)
+
+
+def _network(model: nn.Module) -> nn.Module:
+    """The inner network of an already `Served` model (compressing twice starts from its copy)."""
+    return model.network if isinstance(model, Served) else model
+
+
+def linear_layers(network: nn.Module) -> list[tuple[str, nn.Linear]]:
+    return [(name, m) for name, m in network.named_modules() if isinstance(m, nn.Linear)]
+
+
+def semi_structured_fits(layer: nn.Linear) -> bool:
+    """Whether a layer's weight has a shape every 2:4 backend takes (the 75-feature input
+    layer and the 10-class head do not; they stay dense)."""
+    rows, cols = layer.weight.shape
+    return rows % SEMI_STRUCTURED_MULTIPLE == 0 and cols % SEMI_STRUCTURED_MULTIPLE == 0
+
+
+def two_four_mask(weight: torch.Tensor) -> torch.Tensor:
+    """The 2:4 mask of largest magnitude: in each run of four consecutive weights of a
+    row, the two largest |w| are kept (ties to the first). Columns must be a multiple of 4."""
+    rows, cols = weight.shape
+    if cols % 4:
+        raise ValueError(f"two_four_mask: {cols} columns is not a multiple of 4")
+    groups = weight.detach().abs().reshape(rows, cols // 4, 4)
+    keep = groups.topk(2, dim=-1, sorted=False).indices
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep, True)
+    return mask.reshape(rows, cols)
+
+
+def _prune(network: nn.Module, compression: Compression, notes: list[str]) -> list[nn.Module]:
+    """Attach pruning masks (torch.nn.utils.prune reparametrization); returns the pruned layers."""
+    pruned: list[nn.Module] = []
+    if compression.semi_structured:
+        for name, layer in linear_layers(network):
+            if semi_structured_fits(layer):
+                prune.custom_from_mask(layer, "weight", two_four_mask(layer.weight))
+                pruned.append(layer)
+            else:
+                notes.append(f"{name}: {tuple(layer.weight.shape)} does not fit 2:4 kernels, kept dense")
+    elif compression.sparsity:
+        for _, layer in linear_layers(network):
+            # exactly round(sparsity x weights) of the smallest |w| of each layer; biases kept
+            prune.l1_unstructured(layer, "weight", amount=float(compression.sparsity))
+            pruned.append(layer)
+        notes.append(f"every layer's weights {100 * compression.sparsity:g}% pruned by magnitude (biases kept)")
+    return pruned
+
+
+def _finetune(
+    network: nn.Module, masks: list[nn.Module], data: Dataset, config: TrainConfig, epochs: int, notes: list[str]
+) -> nn.Module:
+    """A short fine-tune with the masks held: model.train.Trainer's fast loop (the study's
+    optimizer and settings, fresh optimizer state) on the pruned weights. The masked
+    weights' parameters are the trainer's; the forward hooks multiply in the masks."""
+    tune = config.replace(epochs=epochs, loop="fast", impl="torch", optimizer_impl="torch", precision="fp32")
+    trainer = Trainer(tune, data)
+    trainer.model = network
+    trainer.optimizer, _ = make_optimizer(tune.optimizer, list(network.parameters()), fast=True)
+    trainer.fit()
+    notes.append(f"fine-tuned {epochs} epoch(s) with the masks held (final loss {trainer.losses[-1]:.4f})")
+    network.eval()
+    return network
+
+
+def _to_semi_structured(network: nn.Module, notes: list[str]) -> None:
+    """Swap each fitting layer's (already 2:4-pruned) weight for PyTorch's compressed 2:4 tensor."""
+    from torch.sparse import to_sparse_semi_structured
+
+    for name, layer in linear_layers(network):
+        if not semi_structured_fits(layer):
+            continue
+        try:
+            layer.weight = nn.Parameter(to_sparse_semi_structured(layer.weight.detach()), requires_grad=False)
+        except (RuntimeError, ValueError) as exc:
+            raise Unsupported(f"2:4 kernels refused {name} {tuple(layer.weight.shape)}: {exc}") from None
+        notes.append(f"{name}: 2:4 semi-structured ({type(layer.weight.data).__name__})")
+
+
+def _quantize(network: nn.Module, weights: str, notes: list[str]) -> None:
+    """torchao's quantize_ on the layers whose shapes its kernels take."""
+    from torchao.quantization import quantize_
+
+    if weights == "int8-weight":
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        config: object = Int8WeightOnlyConfig()
+    elif weights == "int8-dynamic":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+        config = Int8DynamicActivationInt8WeightConfig()
+    else:
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig
+        from torchao.quantization import PerRow
+
+        config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    fits = {id(layer) for name, layer in linear_layers(network) if _quantizable(layer, weights)}
+    for name, layer in linear_layers(network):
+        if id(layer) not in fits:
+            notes.append(f"{name}: {tuple(layer.weight.shape)} kept bf16 ({weights} kernels need dimensions "
+                         f"that are multiples of {QUANTIZED_MULTIPLE})")  # fmt: skip
+    try:
+        quantize_(network, config, filter_fn=lambda module, _fqn: id(module) in fits)
+    except (RuntimeError, NotImplementedError, AssertionError, ValueError) as exc:
+        raise Unsupported(f"torchao could not quantize to {weights}: {exc}") from None
+    notes.append(f"{weights} through torchao ({type(config).__name__}) on {len(fits)} layer(s)")
+
+
+def _quantizable(layer: nn.Linear, weights: str) -> bool:
+    if weights == "int8-weight":
+        return True
+    rows, cols = layer.weight.shape
+    return rows % QUANTIZED_MULTIPLE == 0 and cols % QUANTIZED_MULTIPLE == 0
