@@ -14,6 +14,13 @@ for the embedded generator, a CSV's file name (``[datasets."frames.csv"]``) for 
 user's data. A dataset the file does not name gets no floors or ceilings, and the
 summary says so; limits against a baseline (time, drops, growth) apply to any data.
 
+Serving (bench/test_inference.py) has its own limits in ``[inference]`` tables, at
+the same places a ``defaults`` table may stand (top level, ``profiles.P``,
+``datasets.D``, ``datasets.D.profiles.P``): ``inference.defaults``, then
+``inference.variants."<variant>"``, then ``inference.cases."<case id>"``. Ceilings and
+floors on speed (``latency_p99_us_max``, ``throughput_4096_min``) hold for one dataset
+and machine class, so only under ``[datasets.<name>]``.
+
 Each check is a pure function of the case's record and returns a `Failure` (or
 None); the fixture raises them inside the test, so exactly that test fails and its
 record is still saved. Anything the file says that is not understood is a start-up
@@ -38,6 +45,7 @@ else:  # pragma: no cover
 from bench.cases import CASE_IDS
 from bench.cases import EXPERIMENTS
 from bench.plugin.options import PROFILES
+from model.compress import VARIANTS
 
 
 class BudgetError(ValueError):
@@ -77,6 +85,29 @@ _RANGES = {  # key: (low, high) accepted
     "time_noise_k": (0.0, 100.0),
 }
 KEYS = tuple(f.name for f in fields(Budget))
+
+
+@dataclass(frozen=True)
+class InferenceBudget:
+    """The limits on one served variant of one case; None means no limit."""
+
+    accuracy_drop_vs_fp32_max: float | None = None  # the fp32 model's accuracy minus this variant's (absolute)
+    latency_p99_us_max: float | None = None  # batch-1 p99 (graph replay where there is one), microseconds
+    throughput_4096_min: float | None = None  # samples/s at batch 4096
+    # against a baseline run: the batch-1 p99, judged like epoch time (noise and significance)
+    latency_slower_pct: float | None = None
+    latency_noise_k: float | None = None
+    latency_noise_unknown_pct: float | None = None
+    latency_alpha: float | None = None
+
+
+INFERENCE_KEYS = tuple(f.name for f in fields(InferenceBudget))
+INFERENCE_DATASET_KEYS = ("latency_p99_us_max", "throughput_4096_min")
+_INFERENCE_RANGES = {
+    "accuracy_drop_vs_fp32_max": (0.0, 1.0),
+    "latency_alpha": (1e-9, 0.5),
+    "latency_noise_k": (0.0, 100.0),
+}
 # Floors and ceilings: set for one dataset, so allowed only under [datasets.<name>].
 DATASET_KEYS = ("accuracy_min", "macro_f1_min", "vram_peak_mib_max", "rss_peak_mib_max", "energy_per_epoch_j_max")
 LEVELS = ("defaults", "experiments", "cases")
@@ -132,6 +163,18 @@ class Budgets:
                 merged.update(scope.get("cases", {}).get(case_id, {}))
         return Budget(**{k: float(v) for k, v in merged.items()})
 
+    def resolve_inference(self, profile: str, variant: str, case_id: str, dataset: str = "synthetic") -> InferenceBudget:
+        """The serving limits of one variant of one case: defaults < variants < cases at each
+        scope, scopes in the order `resolve` uses."""
+        merged: dict[str, float] = {}
+        for root in (self.tables, self.tables.get("datasets", {}).get(dataset_key(dataset), {})):
+            for scope in (root, root.get("profiles", {}).get(profile, {})):
+                tables = scope.get("inference", {})
+                merged.update(tables.get("defaults", {}))
+                merged.update(tables.get("variants", {}).get(variant, {}))
+                merged.update(tables.get("cases", {}).get(case_id, {}))
+        return InferenceBudget(**{k: float(v) for k, v in merged.items()})
+
     def datasets(self) -> list[str]:
         """The datasets this file sets floors and ceilings for."""
         return sorted(self.tables.get("datasets", {}))
@@ -153,20 +196,42 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
         close = difflib.get_close_matches(name, list(allowed), n=1)  # type: ignore[arg-type]
         return f" (did you mean {close[0]!r}?)" if close else ""
 
-    def check_limits(where: str, table: object, in_dataset: bool) -> None:
+    def check_limits(where: str, table: object, in_dataset: bool, serving: bool = False) -> None:
+        keys, ranges, dataset_keys = (
+            (INFERENCE_KEYS, _INFERENCE_RANGES, INFERENCE_DATASET_KEYS) if serving else (KEYS, _RANGES, DATASET_KEYS)
+        )
         if not isinstance(table, dict):
             fail(where, "must be a table of limits")
         for key, value in table.items():  # type: ignore[union-attr]
-            if key not in KEYS:
-                fail(where, f"unknown key {key!r}{hint(key, KEYS)}; known keys: {', '.join(KEYS)}")
+            if key not in keys:
+                fail(where, f"unknown key {key!r}{hint(key, keys)}; known keys: {', '.join(keys)}")
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 fail(where, f"{key} = {value!r} must be a number")
-            low, high = _RANGES.get(key, (0.0, float("inf")))
+            low, high = ranges.get(key, (0.0, float("inf")))
             if not low <= value <= high:
                 fail(where, f"{key} = {value!r} must be between {low:g} and {high:g}")
-            if key in DATASET_KEYS and not in_dataset:
+            if key in dataset_keys and not in_dataset:
                 fail(where, f"{key} is a floor or ceiling, which holds for one dataset: set it under "
                             f"[datasets.synthetic.{where}] (the embedded data) or [datasets.\"FILE.csv\".{where}]")  # fmt: skip
+
+    def check_inference(where: str, table: object, in_dataset: bool) -> None:
+        if not isinstance(table, dict):
+            fail(where, "must be a table")
+        for name, inner in table.items():  # type: ignore[union-attr]
+            if name == "defaults":
+                check_limits(f"{where}.defaults", inner, in_dataset, serving=True)
+            elif name in ("variants", "cases"):
+                allowed = VARIANTS if name == "variants" else CASE_IDS
+                if not isinstance(inner, dict):
+                    fail(f"{where}.{name}", "must be a table")
+                for key, limits in inner.items():
+                    if key not in allowed:
+                        what = "variant" if name == "variants" else "case id"
+                        fail(f"{where}.{name}.{_bare(key)}", f"unknown {what} {key!r}{hint(key, allowed)}")
+                    check_limits(f"{where}.{name}.{_bare(key)}", limits, in_dataset, serving=True)
+            else:
+                fail(f"{where}.{_bare(name)}", f"unknown table {name!r}{hint(name, ('defaults', 'variants', 'cases'))}; "
+                                               "expected one of defaults, variants, cases")  # fmt: skip
 
     def check_scope(prefix: str, scope: dict[str, Any], allow_profiles: bool, in_dataset: bool) -> None:
         for name, table in scope.items():
@@ -183,6 +248,8 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                         what = "experiment" if name == "experiments" else "case id"
                         fail(inner, f"unknown {what} {key!r}{hint(key, allowed)}")
                     check_limits(inner, limits, in_dataset)
+            elif name == "inference":
+                check_inference(where, table, in_dataset)
             elif name == "profiles" and allow_profiles:
                 if not isinstance(table, dict):
                     fail(where, "must be a table")
@@ -200,7 +267,7 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                         fail(f"{where}.{_bare(dataset)}", "must be a table")
                     check_scope(f"datasets.{_bare(dataset)}.", inner, allow_profiles=True, in_dataset=True)
             else:
-                allowed = LEVELS + (("profiles",) if allow_profiles else ()) + (("datasets",) if not prefix else ())
+                allowed = LEVELS + ("inference",) + (("profiles",) if allow_profiles else ()) + (("datasets",) if not prefix else ())
                 fail(where, f"unknown table {name!r}{hint(name, allowed)}; expected one of {', '.join(allowed)}")
 
     check_scope("", tables, allow_profiles=True, in_dataset=False)
@@ -227,4 +294,23 @@ def check_ceilings(budget: Budget, record: dict[str, Any]) -> list[Failure]:
         value = record.get(metric)
         if limit is not None and value is not None and value > limit:
             out.append(Failure(metric, value, limit, detail="above its ceiling"))
+    return out
+
+
+def check_inference(budget: InferenceBudget, record: dict[str, Any]) -> list[Failure]:
+    """A served variant's accuracy drop against its fp32 model, its batch-1 p99 and its
+    throughput at batch 4096; a figure not measured (None) is not judged."""
+    out = []
+    drop = record.get("accuracy_drop")
+    if budget.accuracy_drop_vs_fp32_max is not None and drop is not None and drop > budget.accuracy_drop_vs_fp32_max:
+        out.append(Failure("accuracy_drop_vs_fp32", drop, budget.accuracy_drop_vs_fp32_max, None,
+                           f"accuracy {record.get('accuracy', float('nan')):.4f} against the fp32 model's"))  # fmt: skip
+    p99 = record.get("latency_p99_s")
+    if budget.latency_p99_us_max is not None and p99 is not None and p99 * 1e6 > budget.latency_p99_us_max:
+        out.append(Failure("latency_p99_us", p99 * 1e6, budget.latency_p99_us_max, None,
+                           f"batch-1 p99 ({record.get('latency_mode')}) above its ceiling"))  # fmt: skip
+    throughput = (record.get("throughput") or {}).get("4096")
+    if budget.throughput_4096_min is not None and throughput is not None and throughput < budget.throughput_4096_min:
+        out.append(Failure("throughput_4096", throughput, budget.throughput_4096_min, None,
+                           "samples/s at batch 4096 below its floor"))  # fmt: skip
     return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
@@ -39,6 +40,7 @@ from bench.monitor.trace import diff
 
 from bench.plugin.budgets import Budget
 from bench.plugin.budgets import Failure
+from bench.plugin.budgets import InferenceBudget
 
 RECORD_KEY = "loadbench"  # machine_info key and extra_info marker of our runs
 # What must match for a stored run to count in a case's noise history.
@@ -171,15 +173,21 @@ class Noise:
         return self.spread is not None
 
 
-def estimate_noise(history: Sequence[dict[str, Any]], current: dict[str, Any] | None = None) -> Noise:
+def estimate_noise(
+    history: Sequence[dict[str, Any]],
+    current: dict[str, Any] | None = None,
+    samples: Callable[[dict[str, Any]], list[float]] = round_medians,
+) -> Noise:
     """Run-to-run spread of one case from stored runs (`history`, extra_info records) and
     the rounds of `current`. The history's run medians form one group and the current
     run's rounds another; each group's squared log deviations from its own mean are
     pooled, so a run that is simply faster than the history does not widen the spread.
+    `samples` reads one figure per round from a record (the median epoch by default;
+    the serving cases pass their per-round batch-1 p99).
     """
-    groups = [[m for record in history for m in round_medians(record)]]
+    groups = [[m for record in history for m in samples(record)]]
     if current is not None:
-        groups.append(round_medians(current))
+        groups.append(samples(current))
     squares, dof, runs = 0.0, 0, 0
     for group in groups:
         logs = [math.log(m) for m in group if m > 0]
@@ -238,6 +246,44 @@ def check_time(
             "epoch_time_ratio", ratio, 1 + limit, 1.0,
             f"median epoch {statistics.median(now):.4g} s vs {statistics.median(then):.4g} s; limit from {rule}; "
             f"Mann-Whitney U p={p:.2g} < {alpha:g} over {len(now)} vs {len(then)} epochs",
+        )
+    ]  # fmt: skip
+
+
+def latency_rounds(extra_info: dict[str, Any]) -> list[float]:
+    """A serving record's batch-1 p99 per round of calls (seconds)."""
+    return [float(v) for v in extra_info.get("latency_p99_by_round_s") or []]
+
+
+def check_latency(
+    budget: InferenceBudget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+) -> list[Failure]:
+    """A served variant's batch-1 p99 against the baseline's, by the epoch-time rule: slower
+    than both latency_slower_pct and k x the run-to-run spread of per-round p99s (stored
+    runs pooled with this run's rounds), and a one-sided Mann-Whitney U test on the
+    rounds' p99s below latency_alpha. Records of different latency modes (a graph
+    replay against an eager loop) are not compared."""
+    now, then = latency_rounds(current), latency_rounds(baseline)
+    p99_now, p99_then = current.get("latency_p99_s"), baseline.get("latency_p99_s")
+    if not now or not then or not p99_now or not p99_then or budget.latency_slower_pct is None:
+        return []
+    if current.get("latency_mode") != baseline.get("latency_mode"):
+        return []
+    rule = Budget(time_slower_pct=budget.latency_slower_pct, time_noise_k=budget.latency_noise_k,
+                  time_noise_unknown_pct=budget.latency_noise_unknown_pct)  # fmt: skip
+    limit, why = time_limit(rule, estimate_noise(history or [baseline], current, samples=latency_rounds))
+    ratio = p99_now / p99_then
+    if ratio <= 1 + limit or current.get("throttled") or baseline.get("throttled"):
+        return []
+    alpha = budget.latency_alpha if budget.latency_alpha is not None else DEFAULT_ALPHA
+    p = float(mannwhitneyu(now, then, alternative="greater").pvalue)
+    if p >= alpha:
+        return []
+    return [
+        Failure(
+            "latency_p99_ratio", ratio, 1 + limit, 1.0,
+            f"batch-1 p99 {p99_now * 1e6:.4g} us vs {p99_then * 1e6:.4g} us ({current.get('latency_mode')}); "
+            f"limit from {why}; Mann-Whitney U p={p:.2g} < {alpha:g} over {len(now)} vs {len(then)} rounds' p99",
         )
     ]  # fmt: skip
 

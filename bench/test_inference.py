@@ -1,0 +1,161 @@
+"""Serving every case of the five experiments: each compression variant through each
+implementation (eager torch, torch.compile, our fused forward kernel 'triton').
+
+The case's model is trained at the run's profile once and kept on disk
+(model.inference.trained_model; under the benchmark storage's `trained-models/`, or
+$LOADBENCH_MODEL_CACHE), then compressed and measured by model.inference.evaluate:
+batch-1 latency (pytest-benchmark's pedantic times the primary mode: the CUDA-graph
+replay on a GPU, the eager call on a CPU), throughput at batch 512 and 4096, energy
+per 1,000 inferences from the NVML counter, accuracy and macro-F1 of the callable
+that was timed, its drop and speed-up against the case's fp32 model, and the GPU
+load over the case from the load monitor. Budgets (`[inference]` tables) and the
+baseline compare of the p99 are asserted inside the test.
+
+The smoke profile (the CPU check) serves the optimal configuration once, eager only:
+torch.compile would spend its time building C++ and the Triton interpreter about
+20 s a step, neither of which says anything about serving. A variant this machine
+cannot run (fp8 below sm_89, 2:4 without a GPU, torchao missing, a quantized tensor
+through the fused kernel) is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.cases import EXPERIMENTS
+from bench.cases import Case
+from bench.cases import experiment_cases
+from bench.monitor.loadstats import summarize_monitor
+from bench.monitor.sampler import GpuProbe
+from bench.monitor.sampler import LoadMonitor
+from bench.plugin import get_session
+from bench.plugin.budgets import check_inference
+from bench.plugin.compare import case_history
+from bench.plugin.compare import check_latency
+from bench.plugin.fixture import LoadBench
+from model.compress import VARIANTS
+from model.compress import Unsupported
+from model.compress import unsupported_reason
+from model.inference import IMPLS
+from model.inference import evaluate
+
+SMOKE_CASES = ("blocks-3",)  # the optimal configuration (every experiment holds it once)
+CACHE_ENV = "LOADBENCH_MODEL_CACHE"
+RECORD_KEYS = (
+    "latency_graph_s", "latency_eager_s", "latency_p99_s", "latency_mode", "latency_p99_by_round_s",
+    "latency_calls", "throughput", "energy_j_per_1k", "accuracy", "macro_f1", "accuracy_drop",
+    "macro_f1_drop", "speedup", "speedup_batch", "reference", "compression", "notes", "unavailable",
+)  # fmt: skip
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """case x variant x impl; the smoke profile keeps only the optimal configuration."""
+    if "variant" not in metafunc.fixturenames:
+        return
+    session = get_session(metafunc.config)
+    cases = [case for name in EXPERIMENTS for case in experiment_cases(name)]
+    if session is not None and session.options.profile.name == "smoke":
+        cases = [case for case in cases if case.id in SMOKE_CASES]
+    metafunc.parametrize(
+        ("case", "variant", "impl"),
+        [(case, variant, impl) for case in cases for variant in VARIANTS for impl in IMPLS],
+        ids=[f"{case.id}-{variant}-{impl}" for case in cases for variant in VARIANTS for impl in IMPLS],
+    )
+
+
+def model_cache_dir(config: pytest.Config) -> Path:
+    """$LOADBENCH_MODEL_CACHE, else `trained-models/` inside the benchmark storage."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    storage = getattr(getattr(config, "_benchmarksession", None), "storage", None)
+    return Path(getattr(storage, "path", ".benchmarks")) / "trained-models"
+
+
+def skip_reason(variant: str, impl: str, device: Any, profile: str) -> str | None:
+    """Why this variant x impl is not served here, or None."""
+    if device.type == "cpu" and profile == "smoke" and impl != "torch":
+        return (f"impl {impl!r} on a CPU in the smoke profile: torch.compile builds C++ and the Triton "
+                "interpreter takes seconds a call, neither says anything about serving; run on a GPU")  # fmt: skip
+    return unsupported_reason(VARIANTS[variant], device)
+
+
+def pedantic_timer(benchmark: Any) -> Any:
+    """A latency timer through pytest-benchmark: one round per call, so its saved statistics
+    are the batch-1 latency. Under --benchmark-disable it times the calls itself."""
+
+    def timer(call: Any, count: int) -> list[float]:
+        benchmark.pedantic(call, rounds=count, iterations=1, warmup_rounds=0)
+        stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+        data = list(getattr(stats, "data", []) or [])
+        if len(data) == count:
+            return data
+        out = []
+        for _ in range(count):
+            start = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - start)
+        return out
+
+    return timer
+
+
+def test_serving(benchmark, request, case: Case, variant: str, impl: str) -> None:
+    session = get_session(request.config)
+    options = session.options
+    reason = skip_reason(variant, impl, options.device, options.profile.name)
+    if reason is not None:
+        pytest.skip(reason)
+    config = LoadBench(benchmark, session, request).config_for(case)
+    data = session.dataset()
+    benchmark.group = f"inference-{case.experiment}"
+    monitor = LoadMonitor(options.device, options.monitor_period, probe=session.probe)
+    energy = session.probe.energy_mj if isinstance(session.probe, GpuProbe) else None
+    try:
+        with monitor:
+            result = evaluate(
+                config, VARIANTS[variant], data, options.device, profile=options.profile.name,
+                cache_dir=model_cache_dir(request.config), impl=impl,
+                latency_timer=pedantic_timer(benchmark), energy_mj=energy,
+            )  # fmt: skip
+    except Unsupported as exc:
+        pytest.skip(str(exc))
+    load = summarize_monitor(monitor, 1)
+    primary = result["latency_graph_s"] or result["latency_eager_s"]
+    record = {
+        "kind": "inference",
+        "case": case.id,
+        "experiment": case.experiment,
+        "variant": variant,
+        "impl": impl,
+        "config": config.as_dict(),
+        "profile": options.profile.name,
+        "dataset": data.describe(),
+        **{key: result.get(key) for key in RECORD_KEYS},
+        "latency_p99_s": primary["p99"],  # type: ignore[index]
+        "load": load,
+        "throttled": bool(load["throttle"] and load["throttle"]["throttled"]),  # type: ignore[index]
+    }
+    benchmark.extra_info.update(record)
+    judge(session, benchmark, case, variant, record)
+
+
+def judge(session: Any, benchmark: Any, case: Case, variant: str, record: dict[str, Any]) -> None:
+    """Budgets and the baseline's p99, inside the test: each broken limit is one line of
+    this test's failure, and the record is already in extra_info."""
+    options = session.options
+    budget = session.budgets.resolve_inference(options.profile.name, variant, case.id, options.dataset)
+    failures = check_inference(budget, record)
+    found = session.baseline_for(benchmark.fullname)
+    if found is not None:
+        baseline, saved = found
+        if baseline.gating:
+            history = case_history(baseline.history, benchmark.fullname) or [saved.get("extra_info", {})]
+            failures += check_latency(budget, record, saved.get("extra_info", {}), history=history)
+    if failures:
+        lines = "\n".join(f"  {f.message}" for f in failures)
+        pytest.fail(f"{case.id} {variant} {record['impl']}: {len(failures)} budget(s) broken\n{lines}", pytrace=False)
