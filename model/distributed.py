@@ -1,20 +1,29 @@
-"""Data-parallel training through DistributedDataParallel, launched with torchrun.
+"""Data-parallel training launched with torchrun: DistributedDataParallel, or one flat
+all-reduce per step replayed from CUDA graphs.
 
 Same math as single-process training at the same global batch: every rank draws the
 same permutation (same seed), takes its contiguous share of each global batch, and
-scales its summed loss by world / global batch, so DDP's gradient average is exactly
-the mean over the global batch, the last partial batch included. NCCL on GPUs, gloo
-on CPUs. Batches come from device-resident data as in the fast loop (eager: DDP's
-bucketed all-reduce overlaps the backward pass).
+scales its loss so that the all-reduced gradient is exactly the mean over the global
+batch, the last partial batch included. NCCL on GPUs, gloo on CPUs. Batches come from
+device-resident data as in the fast loop. Which loop runs follows ``TrainConfig.loop``:
 
-The all-reduce share of step time is measured after training, on one extra epoch run
-under ``no_sync()`` (no communication): share = 1 - t(no_sync) / t(synced).
+- ``'fast'`` (and ``'reference'``): DistributedDataParallel on the eager fast loop;
+  DDP's bucketed all-reduce overlaps the backward pass.
+- ``'graph'`` / ``'step-graph'``: model/dp_graph.py, the flat gradient buffer
+  all-reduced once per step and the fused optimizer kernel, replayed from one CUDA
+  graph per epoch (or per step); on gloo the same step runs eagerly.
+
+The record names both (``data_parallel``, ``loop``). The all-reduce share of epoch
+time comes from a profile of one more epoch on rank 0 (torch.profiler): NCCL kernel
+time (gloo: all-reduce time) over that epoch's time.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m model.distributed \\
-        --config '{"width": 512}' --out result.json
+        --config '{"width": 512, "loop": "graph"}' --out result.json
 
 `launch` runs that command with a timeout and stops every rank if one fails or hangs,
-if the caller is interrupted, or (on Linux) if the calling process dies.
+if the caller is interrupted, or (on Linux) if the calling process dies. A hung rank
+inside a replayed graph is out of reach of NCCL's watchdog (captured collectives are
+not tracked), so the launcher's timeout is what ends it.
 """
 
 from __future__ import annotations
@@ -23,23 +32,31 @@ import argparse
 import ctypes
 import datetime
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.autograd import DeviceType
 from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile
 
 from model.config import TrainConfig
+from model.data import Dataset
 from model.data import load_dataset
+from model.dp_graph import FlatDataParallel
 from model.metrics import classification_report
 from model.mlp import MLP
+from model.train import GRAPH_LOOPS
 from model.train import autocast
 from model.train import make_optimizer
 from model.train import precision_mode
@@ -60,27 +77,13 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
     if cuda:
         torch.cuda.set_device(device)
     data = load_dataset(source, scale=scale, device=device, seed=config.seed)
-    seed_everything(config.seed)
-    model = MLP(data.n_features, config.width, config.depth, data.n_classes, config.activation, config.impl).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    optimizer, how = make_optimizer(config.optimizer, list(ddp.parameters()), fast=True)
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    x_all, y_all, n = data.x_train, data.y_train, len(data.y_train)
-
-    def epoch() -> float:
-        order = torch.randperm(n, device=device, generator=generator)
-        total = torch.zeros((), device=device)
-        for start in range(0, n, config.batch_size):
-            batch = order[start : start + config.batch_size]
-            local = batch.tensor_split(world)[rank]
-            optimizer.zero_grad(set_to_none=True)
-            with autocast(config.precision, device):
-                loss = F.cross_entropy(ddp(x_all[local]), y_all[local], reduction="sum")
-            (loss * world / len(batch)).backward()  # DDP averages over ranks: the global-batch mean
-            optimizer.step()
-            total += loss.detach().float()
-        dist.all_reduce(total)
-        return float(total) / n
+    if config.loop in GRAPH_LOOPS:
+        flat = FlatDataParallel(config, data)
+        model, epoch, how, loop, kind = flat.model, flat.epoch, flat.optimizer_impl, flat.loop, "flat-allreduce"
+    else:
+        model, epoch, how = _ddp(config, data)
+        loop, kind = "fast", "ddp"
+    n = len(data.y_train)
 
     def timed(fn: Any) -> tuple[float, float]:
         synchronize(device)
@@ -100,24 +103,78 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         if weights_out and rank == 0:
             torch.save({k: v.cpu() for k, v in model.state_dict().items()}, weights_out)
         metrics = classification_report(data.y_test, predict(model, data.x_test, config.precision), data.n_classes)
-        synced, _ = timed(epoch)
-        with ddp.no_sync():
-            local_only, _ = timed(epoch)
+        traced = profiled_epoch(lambda: timed(epoch)[0], cuda, profiling=rank == 0)
     window_end = time.perf_counter()
     if rank != 0:
         return {}
+    # With one rank nothing is communicated: no share to report.
+    share = traced["allreduce_s"] / traced["epoch_s"] if world > 1 and traced["allreduce_calls"] else None
     return {
         "world_size": world,
         "backend": dist.get_backend(),
+        "data_parallel": kind,  # 'ddp' or 'flat-allreduce'
+        "loop": loop,  # the loop that ran: 'graph' runs as 'fast' (eagerly) on gloo
         "optimizer_impl": how,
         "epoch_seconds": seconds,
         "losses": losses,
-        # With one rank nothing is communicated: no share to report.
-        "allreduce_share": max(0.0, 1 - local_only / synced) if world > 1 else None,
+        "allreduce_share": share,
+        "allreduce_profile": {**traced, "steps": math.ceil(n / config.batch_size)},
         "train_frames": n,
-        "train_window": [window_begin, window_end],  # training and the two share-measuring epochs
+        "train_window": [window_begin, window_end],  # training and the profiled epoch
         **{k: metrics[k] for k in ("accuracy", "macro_f1", "weighted_f1", "confusion")},
     }
+
+
+def _ddp(config: TrainConfig, data: Dataset) -> tuple[torch.nn.Module, Callable[[], float], str]:
+    """DistributedDataParallel on the eager fast loop: the model, an epoch function, the optimizer's kind."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = data.device
+    seed_everything(config.seed)
+    model = MLP(data.n_features, config.width, config.depth, data.n_classes, config.activation, config.impl).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer, how = make_optimizer(config.optimizer, list(ddp.parameters()), fast=True)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    x_all, y_all, n = data.x_train, data.y_train, len(data.y_train)
+
+    def epoch() -> float:
+        order = torch.randperm(n, device=device, generator=generator)
+        total = torch.zeros((), device=device)
+        for start in range(0, n, config.batch_size):
+            batch = order[start : start + config.batch_size]
+            local = batch.tensor_split(world)[rank]
+            optimizer.zero_grad(set_to_none=True)
+            with autocast(config.precision, device):
+                loss = F.cross_entropy(ddp(x_all[local]), y_all[local], reduction="sum")
+            (loss * world / len(batch)).backward()  # DDP averages over ranks: the global-batch mean
+            optimizer.step()
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        return float(total) / n
+
+    return model, epoch, how
+
+
+def profiled_epoch(run_epoch: Callable[[], float], cuda: bool, profiling: bool) -> dict[str, float | int]:
+    """One more epoch, profiled where `profiling` (rank 0; the others just train it):
+    its seconds, and the time and count of all-reduces in it. On GPUs those are NCCL
+    kernels, the waiting for slower ranks inside them included; only the device is
+    traced, so the host's launch work is not slowed. The count includes the epoch's
+    two one-element collectives (the barrier before it, its loss sum after)."""
+    if not profiling:
+        return {"epoch_s": run_epoch(), "allreduce_s": 0.0, "allreduce_calls": 0}
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        seconds = run_epoch()
+    total_us, calls = 0.0, 0
+    for event in prof.key_averages():
+        if cuda and event.device_type == DeviceType.CUDA and "nccl" in event.key.lower():
+            total_us += event.self_device_time_total
+        elif not cuda and event.key == "gloo:all_reduce":
+            total_us += event.cpu_time_total  # the work's span, from enqueue to completion
+        else:
+            continue
+        calls += event.count
+    return {"epoch_s": seconds, "allreduce_s": total_us / 1e6, "allreduce_calls": calls}
 
 
 def launch(

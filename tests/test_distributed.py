@@ -1,4 +1,11 @@
-"""Data parallelism on gloo with 2 processes, shard selection and merging, on the CPU."""
+"""Data parallelism with 2 processes (gloo on the CPU; NCCL on 2 GPUs where marked gpu),
+shard selection and merging.
+
+Both data-parallel loops must train exactly as one process does at the same global
+batch: DistributedDataParallel (loop 'fast') and the flat all-reduce (loop 'graph',
+eager on gloo, replayed from CUDA graphs on GPUs). On a CPU the flat loop's optimizer
+and loss kernels run through Triton's interpreter: the models here stay tiny.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,18 +32,39 @@ from model.train import Trainer
 
 pytestmark = pytest.mark.distributed
 SCALE = 0.02
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+gpu = pytest.mark.gpu
+needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
 
 
-def single_process_weights(config: TrainConfig) -> dict[str, torch.Tensor]:
-    trainer = Trainer(config, load_dataset("synthetic", scale=SCALE))
+def single_process_weights(config: TrainConfig, device: str = "cpu") -> dict[str, torch.Tensor]:
+    trainer = Trainer(config, load_dataset("synthetic", scale=SCALE, device=device))
     trainer.fit()
-    return trainer.model.state_dict()
+    return {name: value.cpu() for name, value in trainer.model.state_dict().items()}
 
 
 def ddp_weights(config: TrainConfig, tmp_path: Path) -> dict[str, torch.Tensor]:
+    return trained(config, tmp_path)[1]
+
+
+def trained(config: TrainConfig, tmp_path: Path, backend: str = "gloo") -> tuple[dict, dict[str, torch.Tensor]]:
+    """Rank 0's record and final weights of a 2-rank run."""
     path = tmp_path / "weights.pt"
-    launch(config, 2, scale=SCALE, backend="gloo", timeout_s=180, weights_out=str(path), workdir=tmp_path)
-    return torch.load(path)
+    record = launch(config, 2, scale=SCALE, backend=backend, timeout_s=300, weights_out=str(path), workdir=tmp_path)
+    return record, torch.load(path)
+
+
+def batch_leaving_one_frame() -> int:
+    """A batch size whose last batch is one frame: on 2 ranks, one share is empty."""
+    n = len(load_dataset("synthetic", scale=SCALE).y_train)
+    return next(b for b in range(60, n) if n % b == 1)
+
+
+def assert_same_weights(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], atol: float) -> None:
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        difference = (ours[name] - theirs[name]).abs().max().item()
+        assert difference <= atol, f"{name}: differs by {difference:.3g}"
 
 
 def test_one_global_step_has_the_single_process_gradient(tmp_path) -> None:
@@ -63,14 +92,100 @@ def test_final_weights_match_single_process_training(tmp_path) -> None:
         assert torch.allclose(ours[name], theirs[name], atol=1e-5), name
 
 
+def test_ddp_records_say_which_loop_ran(tmp_path) -> None:
+    record = launch(TrainConfig(width=16, depth=1, epochs=1), 2, scale=SCALE, backend="gloo", timeout_s=180, workdir=tmp_path)
+    assert (record["data_parallel"], record["loop"]) == ("ddp", "fast")
+    profile = record["allreduce_profile"]
+    assert profile["allreduce_calls"] > 0 and profile["steps"] > 0
+    assert 0 < record["allreduce_share"] <= 1.5  # gloo's span can outlast the epoch's clock by its tail
+
+
+# ------------------------------------------------------- flat all-reduce loop
+
+
+def test_flat_allreduce_loop_trains_like_one_process(tmp_path) -> None:
+    # The flat gradient all-reduced once per step and the flat optimizer's kernel, eager on
+    # gloo; against one process with the same optimizer and loss kernels. The last batch
+    # is one frame, so rank 1's share of it is empty and it all-reduces zeros.
+    config = TrainConfig(width=16, depth=2, epochs=2, batch_size=batch_leaving_one_frame(), optimizer_impl="triton")
+    record, ours = trained(config.replace(loop="graph"), tmp_path)
+    assert (record["data_parallel"], record["loop"]) == ("flat-allreduce", "fast")  # no graph on gloo
+    assert record["optimizer_impl"] == "triton-flat+capturable"
+    assert_same_weights(ours, single_process_weights(config), atol=1e-5)
+
+
+def test_flat_allreduce_loop_with_torchs_loss_matches_one_process(tmp_path) -> None:
+    # optimizer_impl 'torch' keeps F.cross_entropy; the flat optimizer runs either way.
+    config = TrainConfig(width=16, depth=1, epochs=1, batch_size=100, optimizer="sgd")
+    _, ours = trained(config.replace(loop="graph"), tmp_path)
+    assert_same_weights(ours, single_process_weights(config), atol=1e-6)
+
+
+def test_flat_allreduce_loop_refuses_compile_with_one_clear_error(tmp_path) -> None:
+    with pytest.raises(DistributedError, match="impl 'compile' is not supported"):
+        launch(TrainConfig(epochs=1, width=16, loop="graph", impl="compile"), 2, scale=SCALE, backend="gloo",
+               timeout_s=120, workdir=tmp_path)  # fmt: skip
+
+
+@gpu
+@needs_two_gpus
+@pytest.mark.parametrize(("optimizer", "atol"), [("sgd", 1e-5), ("adam", 1e-4)])
+def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, optimizer, atol) -> None:
+    # Replayed from one CUDA graph per epoch with the all-reduces captured, against the
+    # single-GPU graph loop. Splitting a batch over GPUs changes the order of the sums
+    # (cuBLAS per share, then NCCL), so the weights agree to rounding, not bitwise;
+    # Adam's first steps move each weight by about lr whatever the gradient's size, so a
+    # rounding-level gradient near zero can differ by that much: a looser tolerance.
+    config = TrainConfig(width=64, depth=2, epochs=3, batch_size=batch_leaving_one_frame(), optimizer=optimizer,
+                         optimizer_impl="triton", loop="graph")  # fmt: skip
+    record, ours = trained(config, tmp_path, backend="nccl")
+    assert (record["data_parallel"], record["loop"]) == ("flat-allreduce", "graph")
+    profile = record["allreduce_profile"]
+    # The profiler must see the captured NCCL kernels, or the share is not measured.
+    assert profile["allreduce_calls"] >= profile["steps"], profile
+    assert 0 < record["allreduce_share"] < 1
+    assert_same_weights(ours, single_process_weights(config, device="cuda"), atol=atol)
+
+
+@gpu
+@needs_two_gpus
+def test_a_hanging_nccl_graph_run_leaves_nothing_on_the_gpus(tmp_path) -> None:
+    # Captured collectives are out of the NCCL watchdog's reach: the launcher's timeout
+    # must still stop every rank, and the driver then frees their GPUs.
+    pattern = f"model.distributed.*{tmp_path.name}"
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            seen.update(_pids(pattern))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(DistributedError, match="timed out after 40 s; all ranks stopped"):
+            launch(TrainConfig(epochs=10**6, width=64, loop="graph"), 2, scale=SCALE, backend="nccl", timeout_s=40,
+                   workdir=tmp_path)  # fmt: skip
+    finally:
+        done.set()
+        watcher.join()
+    time.sleep(1)
+    assert len(seen) >= 3, "torchrun and its two ranks were never seen"
+    assert _count(pattern) == 0
+    on_gpus = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert not seen & set(on_gpus), f"ranks still on a GPU: {sorted(seen & set(on_gpus))}"
+
+
 def test_a_failing_rank_ends_the_run_with_its_error(tmp_path) -> None:
     with pytest.raises(DistributedError, match=r"failed \(exit 1\)[\s\S]*missing.csv: no such file"):
         launch(TrainConfig(epochs=1), 2, source=str(tmp_path / "missing.csv"), backend="gloo", timeout_s=120, workdir=tmp_path)
 
 
-def test_a_hanging_run_times_out_and_leaves_nothing_running(tmp_path) -> None:
+@pytest.mark.parametrize("loop", ["fast", "graph"])
+def test_a_hanging_run_times_out_and_leaves_nothing_running(tmp_path, loop) -> None:
     with pytest.raises(DistributedError, match="timed out after 2 s; all ranks stopped"):
-        launch(TrainConfig(epochs=1000, width=64), 2, scale=SCALE, backend="gloo", timeout_s=2, workdir=tmp_path)
+        launch(TrainConfig(epochs=1000, width=64, loop=loop), 2, scale=SCALE, backend="gloo", timeout_s=2, workdir=tmp_path)
     time.sleep(0.5)
     assert _count(f"model.distributed.*{tmp_path.name}") == 0
 
@@ -101,8 +216,11 @@ def test_stopping_the_launching_process_stops_every_rank(tmp_path, how) -> None:
 
 
 def _count(pattern: str) -> int:
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    return len(found.stdout.split())
+    return len(_pids(pattern))
+
+
+def _pids(pattern: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
 
 
 # --------------------------------------------------------------------- shards

@@ -1,0 +1,137 @@
+"""Data parallelism over one flat gradient buffer, replayed from CUDA graphs on GPUs.
+
+Why not DDP here: DDP starts its bucketed all-reduces from autograd hooks on the host,
+and its eager loop pays the host's launch cost of every step's few dozen short kernels;
+at this MLP's size that launch cost, not the arithmetic, sets the epoch time (the
+single-GPU graph loop is about 9x faster than one eager rank). The gradients of the
+optimal MLP are 2.3 MB: one all-reduce of the whole buffer is one NCCL kernel, so
+overlapping buckets with the backward pass would buy little.
+
+A step on every rank: zero the flat gradient, forward and backward on the rank's
+contiguous share of the global batch, ONE SUM all-reduce of the flat gradient
+(kernels/optim.py's FlatOptimizer keeps every gradient as a view of it), then the
+optimizer's one kernel. Each rank's loss is its share's mean scaled by share / global
+batch, so the sum over ranks is the gradient of the global batch's mean loss: the
+single-process math, the last partial batch included (a rank whose share is empty
+still joins the all-reduce with zeros). Every rank draws the same permutation from
+the same seed and starts from rank 0's weights.
+
+On CUDA, ``loop='graph'`` captures the whole epoch in one graph (model/graph_loop.py's
+warm-up, reset and capture), the all-reduces included; ``'step-graph'`` one graph per
+step. Elsewhere (gloo on a CPU) the same step runs eagerly, so CPU tests check the math.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from model.config import TrainConfig
+from model.data import Dataset
+from model.graph_loop import GraphEpoch
+from model.mlp import MLP
+from model.train import GRAPH_LOOPS
+from model.train import autocast
+from model.train import make_optimizer
+from model.train import seed_everything
+
+
+class FlatDataParallel:
+    """One rank's model, flat optimizer and epoch function; call `epoch()` per epoch."""
+
+    def __init__(self, config: TrainConfig, data: Dataset) -> None:
+        if config.impl == "compile":
+            raise ValueError(
+                "data-parallel loop 'graph': impl 'compile' is not supported (use 'torch' or 'triton', "
+                "or loop 'fast' for DistributedDataParallel)"
+            )
+        self.config, self.data = config, data
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = data.device
+        seed_everything(config.seed)
+        self.model = MLP(
+            data.n_features, config.width, config.depth, data.n_classes, config.activation, config.impl
+        ).to(self.device)
+        # The flat buffer is the point: one all-reduce per step, whatever optimizer_impl says.
+        self.optimizer, self.optimizer_impl = make_optimizer(
+            config.optimizer, list(self.model.parameters()), fast=True, capturable=True, impl="triton"
+        )
+        self.flat = self.optimizer.flat
+        with torch.no_grad():
+            dist.broadcast(self.flat.data, src=0)  # as DDP does: identical seeds are not relied on
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+        if config.optimizer_impl == "triton":
+            from kernels.cross_entropy import cross_entropy  # imported lazily: kernels/ needs triton
+
+            self.loss_fn = cross_entropy
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        graph = self.device.type == "cuda" and config.loop in GRAPH_LOOPS
+        self.loop = config.loop if graph else "fast"
+        self.epoch: Callable[[], float] = self._eager_epoch
+        if graph:
+            self.epoch = _GraphEpoch(self, whole_epoch=config.loop == "graph")
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """One step on this rank's share (x, y) of a global batch of `batch_size`;
+        returns the share's summed loss as a device scalar."""
+        self.optimizer.zero_grad()  # zeroes the flat gradient in place
+        local_sum = torch.zeros((), device=self.device)
+        if len(y):  # the fused loss refuses an empty share; its zero gradient is right anyway
+            with autocast(self.config.precision, self.device):
+                mean = self.loss_fn(self.model(x), y)
+            (mean * (len(y) / batch_size)).backward()
+            local_sum = mean.detach().float() * len(y)
+        dist.all_reduce(self.flat.grad)  # SUM over ranks: the global batch's mean gradient
+        self.optimizer.step()
+        return local_sum
+
+    def share(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous share of a global batch's indices."""
+        return batch.tensor_split(self.world)[self.rank]
+
+    def _eager_epoch(self) -> float:
+        x_all, y_all = self.data.x_train, self.data.y_train
+        n, batch_size = len(y_all), self.config.batch_size
+        order = torch.randperm(n, device=self.device, generator=self.generator)
+        total = torch.zeros((), device=self.device)
+        for start in range(0, n, batch_size):
+            batch = order[start : start + batch_size]
+            local = self.share(batch)
+            total += self.step(x_all[local], y_all[local], len(batch))
+        return _global_mean(total, n)
+
+
+class _GraphEpoch(GraphEpoch):
+    """GraphEpoch whose steps are the data-parallel step on this rank's share.
+
+    The warm-up on the side stream runs the all-reduce too: the communicator and NCCL's
+    buffers exist before capture, and every rank captures the same collectives in the
+    same order (a captured collective replays as a collective of all ranks)."""
+
+    def __init__(self, parallel: FlatDataParallel, whole_epoch: bool) -> None:
+        data = parallel.data
+        super().__init__(
+            _unused_step, parallel.model, parallel.optimizer, data.x_train, data.y_train,
+            parallel.config.batch_size, parallel.generator, whole_epoch,
+        )  # fmt: skip
+        self.parallel = parallel
+
+    def _step_at(self, index: torch.Tensor) -> None:
+        local = self.parallel.share(index)
+        self.total += self.parallel.step(self.x[local], self.y[local], len(index))
+
+    def __call__(self) -> float:
+        super().__call__()  # replays; its host read of this rank's total is the epoch's sync
+        return _global_mean(self.total.clone(), self.n)
+
+
+def _unused_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("the data-parallel graph epoch steps through FlatDataParallel.step")
+
+
+def _global_mean(local_total: torch.Tensor, n: int) -> float:
+    dist.all_reduce(local_total)
+    return float(local_total) / n
