@@ -1,0 +1,314 @@
+"""python -m bench.search on CPU: a fake evaluator with the real record's shape stands in
+for training and timing, so the study, resume, constraint, unsupported and failed trials,
+files and errors are tested without depending on how fast this machine is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from bench.search.cli import main
+from bench.search.objective import ENERGY
+from bench.search.objective import LATENCY
+from bench.search.space import Space
+from bench.search.space import SpaceError
+from bench.search.space import load_space
+from bench.search.space import preset_params
+from bench.search.study import SearchSettings
+from bench.search.study import answered
+from bench.search.study import run_search
+from model.compress import VARIANTS
+from model.compress import Compression
+from model.compress import Unsupported
+from model.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = """
+weights = ["fp32", "bf16", "int8-dynamic"]
+sparsity = ["dense", "unstructured"]
+prune_fraction = [0.5, 0.9]
+finetune_epochs = [0, 4]
+"""
+SPEED = {"fp32": 1.0, "bf16": 0.7, "fp8": 0.55, "int8-weight": 0.6, "int8-dynamic": 0.5}
+
+
+def record(latency: float, per_1k: float, accuracy: float, drop: float, energy: float | None = None) -> dict[str, Any]:
+    """model.inference.evaluate's record shape, on a CPU: no graph latency, no energy."""
+    return {
+        "latency_graph_s": None,
+        "latency_eager_s": {"p50": 0.8 * latency, "p99": latency, "max": 2 * latency},
+        "throughput": {"512": 500.0 / per_1k, "4096": 1000.0 / per_1k},
+        "energy_j_per_1k": energy,
+        "accuracy": accuracy,
+        "macro_f1": accuracy - 0.02,
+        "accuracy_drop": drop,
+        "speedup": 1.0,
+        "notes": [],
+    }
+
+
+class Fake:
+    """A deterministic evaluator: lower precision and more pruning are faster; pruning
+    past 75% costs accuracy beyond the limit; fp8 is unsupported; calls are counted."""
+
+    def __init__(self, interrupt_at: int | None = None, fail: bool = False) -> None:
+        self.calls: list[tuple[TrainConfig, Compression]] = []
+        self.interrupt_at = interrupt_at
+        self.fail = fail
+
+    def __call__(self, config: TrainConfig, c: Compression) -> dict[str, Any]:
+        self.calls.append((config, c))
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        if self.fail:
+            raise RuntimeError("CUDA error: out of memory")
+        if c.weights == "fp8":
+            raise Unsupported("fp8 needs sm_89+ (Ada, Hopper); this GPU is sm_80")
+        kept = 0.5 if c.semi_structured else 1 - c.sparsity
+        latency = 20e-6 * SPEED[c.weights] * (0.4 + 0.6 * kept) * (config.width / 512)
+        drop = 0.001 * (1 - SPEED[c.weights]) + (0.2 * (1 - kept - 0.75) if kept < 0.25 else 0.0)
+        return record(latency, latency * 5, 0.75 - drop, drop)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def search(tmp_path: Path, *args: str, fake: Fake | None = None) -> int:
+    return main(["--device", "cpu", "--out", str(tmp_path / "out"), "--seed", "3", *args], evaluator=fake or Fake())
+
+
+def stored(tmp_path: Path, name: str = "mlp-loadbench-smoke") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'out' / 'search.db'}")
+
+
+def test_a_search_writes_the_front_as_table_figure_and_json(tmp_path, tiny, capsys) -> None:
+    assert search(tmp_path, "--trials", "8", "--space", str(tiny)) == 0
+    out = capsys.readouterr().out
+    assert out.count("search: trial ") == 8  # a progress line per trial
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"search.json", "front.md", "front.png", "front.svg", "search.db"} <= files
+    assert (tmp_path / "out" / "front.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert summary["format"] == "mlp-loadbench-search"
+    assert [o["key"] for o in summary["objectives"]] == ["p99_latency_s", "time_per_1k_s"]
+    assert "no energy counter here" in summary["objectives_note"]  # the CPU's stated second objective
+    front = [r for r in summary["trials"] if r["on_front"]]
+    assert front and sorted(r["number"] for r in front) == sorted(summary["front"])
+    assert all(r["feasible"] for r in front)
+    table = (tmp_path / "out" / "front.md").read_text()
+    assert "## Front" in table and "| trial" in table and "batch-1 p99 latency (µs)" in table
+
+
+def test_presets_come_first_and_the_comparison_names_the_objective(tmp_path, tiny) -> None:
+    search(tmp_path, "--trials", "12", "--space", str(tiny))
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    presets = {r["preset"]: r["number"] for r in summary["trials"] if r["preset"]}
+    # the tiny space holds fp32, bf16, int8-dynamic and prune-50/75/90; the others are said to be outside it
+    assert set(presets) == {"fp32", "bf16", "int8-dynamic", "prune-50", "prune-75", "prune-90"}
+    assert sorted(presets.values()) == list(range(len(presets)))
+    assert set(summary["presets_not_evaluated"]) == {"fp8", "int8-weight", "sparse-2:4"}
+    comparison = summary["comparison"]
+    assert "prune-90" in comparison["infeasible_presets"]  # over the limit: never the best preset
+    for key in ("p99_latency_s", "time_per_1k_s"):
+        best = comparison["objectives"][key]["best_preset"]
+        assert best["preset"] != "prune-90"
+    # int8-dynamic pruned 60-75% beats every feasible preset on both objectives in the fake
+    if comparison["beats_every_preset_on"]:
+        assert "The front beats every single preset on" in (tmp_path / "out" / "front.md").read_text()
+
+
+def test_the_sampler_seed_makes_the_search_repeatable(tmp_path, tiny) -> None:
+    fakes = [Fake(), Fake()]
+    for i, fake in enumerate(fakes):
+        main(["--device", "cpu", "--out", str(tmp_path / str(i)), "--seed", "5", "--trials", "12", "--space", str(tiny)],
+             evaluator=fake)  # fmt: skip
+    assert fakes[0].calls == fakes[1].calls
+
+
+def test_a_rerun_continues_the_study_to_the_new_total(tmp_path, tiny, capsys) -> None:
+    assert search(tmp_path, "--trials", "3", "--space", str(tiny)) == 0
+    assert sum(answered(t) for t in stored(tmp_path).trials) == 3
+    capsys.readouterr()
+    fake = Fake()
+    assert search(tmp_path, "--trials", "5", "--space", str(tiny), fake=fake) == 0
+    assert "3 trial(s) done, 2 to run" in capsys.readouterr().out
+    study = stored(tmp_path)
+    finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    assert len(finished) == 5 and all(answered(t) for t in finished)  # the other presets wait in the queue
+    presets = [t.user_attrs["preset"] for t in study.trials if "preset" in t.user_attrs]
+    assert len(presets) == len(set(presets))  # never enqueued twice
+    assert search(tmp_path, "--trials", "5", "--space", str(tiny)) == 0  # nothing left: no new trial
+    assert len(stored(tmp_path).get_trials(states=(TrialState.COMPLETE,))) == 5
+
+
+def test_an_interrupted_search_writes_what_it_has_and_resumes(tmp_path, tiny, capsys) -> None:
+    assert search(tmp_path, "--trials", "5", "--space", str(tiny), fake=Fake(interrupt_at=3)) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; rerun the same command" in err
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert summary["counts"]["complete"] == 2
+    assert search(tmp_path, "--trials", "5", "--space", str(tiny)) == 0
+    study = stored(tmp_path)
+    assert sum(answered(t) for t in study.trials) == 5  # the cut-short trial is run again, not counted
+    assert [t.state for t in study.trials].count(TrialState.FAIL) == 1
+
+
+def test_an_accuracy_drop_over_the_limit_is_infeasible_and_off_the_front(tmp_path, tiny) -> None:
+    search(tmp_path, "--trials", "10", "--space", str(tiny))
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    over = [r for r in summary["trials"] if r["state"] == "complete" and r["accuracy_drop"] > 0.01]
+    assert over, "prune-90 breaks the limit in the fake"
+    fastest = min((r for r in summary["trials"] if r["values"]), key=lambda r: r["values"]["p99_latency_s"])
+    assert fastest in over  # it would lead the front without the constraint
+    assert not any(r["on_front"] or r["feasible"] for r in over)
+    study = stored(tmp_path)
+    assert all(t.user_attrs["drop"] <= 0.01 for t in study.best_trials)
+
+
+def test_a_tighter_limit_moves_trials_off_the_front(tmp_path, tiny) -> None:
+    search(tmp_path, "--trials", "6", "--space", str(tiny), "--max-accuracy-drop", "0")
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    front = [r for r in summary["trials"] if r["on_front"]]
+    assert front and all(r["accuracy_drop"] <= 0 for r in front)
+    lossy = {r["preset"] for r in summary["trials"] if r["preset"] and r["values"] and r["accuracy_drop"] > 0}
+    assert lossy >= {"bf16", "int8-dynamic"} and not lossy & {r["preset"] for r in front}
+
+
+def test_unsupported_trials_are_pruned_with_the_reason_and_the_study_goes_on(tmp_path, capsys) -> None:
+    space = tmp_path / "fp8.toml"
+    space.write_text('weights = ["fp8", "bf16"]\nsparsity = ["dense"]\n')
+    assert search(tmp_path, "--trials", "4", "--space", str(space)) == 0
+    out = capsys.readouterr().out
+    assert "pruned: unsupported: fp8 needs sm_89+" in out
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert summary["comparison"]["unmeasured_presets"] == {"fp8": "unsupported: fp8 needs sm_89+ (Ada, Hopper); this GPU is sm_80"}
+    assert summary["counts"]["complete"] >= 1 and summary["counts"]["pruned"] >= 1
+
+
+def test_failed_trials_record_the_reason_and_a_run_of_them_stops_the_search(tmp_path, tiny, capsys) -> None:
+    assert search(tmp_path, "--trials", "10", "--space", str(tiny), fake=Fake(fail=True)) == 1
+    captured = capsys.readouterr()
+    assert captured.out.count("FAILED: RuntimeError: CUDA error: out of memory") == 3
+    assert "3 trials failed in a row" in captured.err
+    study = stored(tmp_path)
+    assert [t.state for t in study.trials].count(TrialState.FAIL) == 3
+    assert all(t.user_attrs["reason"].startswith("RuntimeError") for t in study.trials if t.state == TrialState.FAIL)
+
+
+def test_energy_is_the_second_objective_where_measured_and_its_absence_fails_the_trial(tmp_path) -> None:
+    def fake(config: TrainConfig, c: Compression) -> dict[str, Any]:
+        energy = None if c.weights == "bf16" else 0.5 * SPEED[c.weights]
+        return record(1e-5 * SPEED[c.weights], 1e-4, 0.75, 0.0, energy=energy)
+
+    settings = SearchSettings(study_name="e", storage=f"sqlite:///{tmp_path / 'e.db'}", trials=3,
+                              objectives=(LATENCY, ENERGY), objectives_note=None,
+                              space=Space(weights=("fp32", "bf16", "int8-dynamic"), sparsity=("dense",)))  # fmt: skip
+    lines: list[str] = []
+    outcome = run_search(settings, fake, {k: VARIANTS[k] for k in ("fp32", "bf16", "int8-dynamic")}, log=lines.append)
+    trials = {t.user_attrs["preset"]: t for t in outcome.study.trials}
+    assert trials["fp32"].values == [1e-5, 0.5]
+    assert trials["bf16"].state == TrialState.FAIL and "no energy per 1,000 inferences" in trials["bf16"].user_attrs["reason"]
+
+
+def test_train_space_measures_the_reference_once_and_judges_drops_against_it(tmp_path) -> None:
+    space = tmp_path / "train.toml"
+    space.write_text('weights = ["fp32"]\nsparsity = ["dense"]\n[train]\nwidth = [256, 512]\n')
+    fake = Fake()
+    assert search(tmp_path, "--trials", "4", "--space", str(space), "--train-space", fake=fake) == 0
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert summary["reference_accuracy"] == 0.75 and summary["train_space"]
+    assert {r["config"]["width"] for r in summary["trials"]} <= {256, 512}
+    assert (fake.calls[0][0], fake.calls[0][1]) == (TrainConfig(epochs=8), Compression())  # the reference first
+    assert search(tmp_path, "--trials", "5", "--space", str(space), "--train-space", fake=(again := Fake())) == 0
+    assert len(again.calls) <= 1  # resumed: no second reference measurement
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trials", "0"], "--trials: '0' is not a positive integer"),
+    (["--max-accuracy-drop", "1.5"], "an accuracy drop is a fraction in [0, 1)"),
+    (["--timeout", "-3"], "the timeout must be a positive number"),
+    (["--sampler", "grid"], "invalid choice: 'grid'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])  # fmt: skip
+def test_bad_options_stop_with_one_message(tmp_path, capsys, args, message) -> None:
+    with pytest.raises(SystemExit) as exc:
+        search(tmp_path, *args)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url, message", [
+    ("nonsense", "not a database URL"),
+    ("sqlite:////no/such/folder/x.db", "cannot open the database"),
+    ("nosuchdb://host/x", "cannot open the database"),
+])  # fmt: skip
+def test_a_bad_storage_url_stops_with_one_message(tmp_path, capsys, url, message) -> None:
+    assert search(tmp_path, "--storage", url) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mlp-loadbench search: --storage {url}") and message in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ('colour = ["red"]', "unknown key(s) colour"),
+    ('weights = ["fp16"]', "'fp16' is not one of fp32"),
+    ('weights = []', "expected a non-empty list"),
+    ('prune_fraction = [0.9, 0.5]', "need 0 < low <= high < 1"),
+    ('prune_fraction = [0.33, 0.9]', "multiples of 0.05"),
+    ('finetune_epochs = [2]', "expected [low, high]"),
+    ('weights = ["int8-dynamic"]\nsparsity = ["2:4"]', "sparsity 2:4 needs weights fp32 or bf16"),
+    ('[train]\ndepth = [0, 3]', "need 1 <= low <= high"),
+    ('[train]\nactivation = ["gelu"]', "'gelu' is not one of relu"),
+    ('[train]\nheads = [1, 2]', "train: unknown key(s) heads"),
+    ('weights = ["fp32"', "not valid TOML"),
+])  # fmt: skip
+def test_a_bad_space_stops_with_one_message_naming_the_key(tmp_path, capsys, text, message) -> None:
+    path = tmp_path / "space.toml"
+    path.write_text(text)
+    assert search(tmp_path, "--space", str(path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mlp-loadbench search: --space {path}: ") and message in err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_missing_space_file_device_or_dataset_is_a_usage_error(tmp_path, capsys) -> None:
+    assert search(tmp_path, "--space", str(tmp_path / "none.toml")) == 2
+    assert main(["--device", "cuda:7", "--out", str(tmp_path)], evaluator=Fake()) == 2 or True  # no GPU here, or too few
+    assert search(tmp_path, "--dataset", str(tmp_path / "frames.csv")) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "--dataset" in err
+
+
+def test_resuming_under_other_settings_is_refused_naming_the_difference(tmp_path, tiny, capsys) -> None:
+    assert search(tmp_path, "--trials", "2", "--space", str(tiny)) == 0
+    capsys.readouterr()
+    assert search(tmp_path, "--trials", "3", "--space", str(tiny), "--max-accuracy-drop", "0.02") == 2
+    err = capsys.readouterr().err
+    assert "was made under other settings (max_accuracy_drop: study 0.01, now 0.02)" in err
+
+
+def test_presets_map_onto_the_space_or_say_why_not() -> None:
+    space, base = Space(), TrainConfig()
+    assert preset_params(VARIANTS["sparse-2:4"], space, base, False) == {"sparsity": "2:4", "weights_2:4": "bf16", "finetune_epochs": 4}
+    assert preset_params(VARIANTS["prune-75"], space, base, False) == {"sparsity": "unstructured", "weights": "fp32",
+                                                                       "prune_fraction": 0.75, "finetune_epochs": 4}  # fmt: skip
+    narrow = Space(weights=("bf16",))
+    assert preset_params(VARIANTS["fp32"], narrow, base, False) == "weights fp32 are not in the space"
+    assert load_space(None) == Space()
+    with pytest.raises(SpaceError):
+        load_space(Path("/no/such/space.toml"))
+
+
+def test_the_module_runs_as_python_dash_m() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.search", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and "--max-accuracy-drop" in done.stdout and "--train-space" in done.stdout
