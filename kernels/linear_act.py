@@ -386,17 +386,36 @@ def _bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def shape_key(kernel: str, rows: int, cols: int, dtype: torch.dtype) -> str:
-    """The committed table's shape class: the output rounded up to powers of two."""
-    return f"{kernel}:{str(dtype).removeprefix('torch.')}:{_bucket(rows)}:{_bucket(cols)}"
+# What the tuned kernel's speed depends on besides its tile, and so what a measured
+# tile is keyed by. The activation matters little in most cases (a few elementwise
+# operations on the tile) but not for silu: its forward also stores the pre-activation
+# and its backward prologue re-reads it and computes a sigmoid. Every other activation
+# shares one class and is timed with leaky_relu, the study's; the head (identity) is
+# its own class, so this costs no tuning beyond the silu layers.
+ACTIVATION_CLASSES = {"identity": "identity", "silu": "silu"}  # any other: "pointwise"
+TIMED_ACTIVATION = {"identity": "identity", "silu": "silu", "pointwise": "leaky_relu"}
+_CLASS_OF = {code: ACTIVATION_CLASSES.get(name, "pointwise") for name, code in ACTIVATIONS.items()}
+# Version of the key below. Tables and cache entries keyed before the precision and
+# the activation class were part of the key (format 1) are not reused.
+KEY_FORMAT = 2
 
 
-def tuned_key(kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype) -> str:
-    """The cache's shape class: the table's plus the reduction length. The table's
-    class holds a whole batch range for dW (its reduction is the batch) and both the
-    first layer (K = 75) and a hidden layer for the forward, whose best tiles differ;
-    tuning on first use measures what this run needs, so it keeps them apart."""
-    return f"{shape_key(kernel, rows, cols, dtype)}:{_bucket(reduction)}"
+def activation_class(activation: int | str) -> str:
+    """'identity', 'silu' or 'pointwise' (relu, leaky_relu, tanh, sigmoid)."""
+    return _CLASS_OF[ACTIVATIONS[activation] if isinstance(activation, str) else activation]
+
+
+def shape_key(
+    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, precision: str, act_class: str
+) -> str:
+    """The shape class a measured tile holds for (committed table and cache alike):
+    the kernel, the dtype and the dot's precision (fp32 runs a different kernel for
+    'tf32x3', 'ieee' and 'tf32'), the activation class, and the output rows x cols and
+    the reduction rounded up to powers of two. The reduction is in it because for dW
+    it is the batch (split-K's best S depends on it) and the first layer's forward
+    (K = 75) and a hidden layer's want different tiles."""
+    kind = str(dtype).removeprefix("torch.")
+    return f"{kernel}:{kind}:{precision}:{act_class}:{_bucket(rows)}:{_bucket(cols)}:{_bucket(reduction)}"
 
 
 def heuristic_config(rows: int, cols: int, reduction: int, dtype: torch.dtype) -> LaunchConfig:
@@ -422,21 +441,46 @@ TILES = [
 ]  # fmt: skip
 REDUCTION_STEPS = {torch.float32: (16, 32), torch.bfloat16: (32, 64), torch.float16: (32, 64)}
 SPLITS = (2, 4, 8, 16)
+# Occupancy rule: where some candidate tile gives at least one program per SM, a
+# candidate giving fewer than this many programs per SM is not timed (a quarter of the
+# SMs or fewer busy). Evidence: the format-1 launch table timed every candidate of its
+# day; none of its winners still among the candidates (90 of 94 on the H100, 34 of 36
+# on the H200) falls under it (tests/test_tuning_cache.py checks).
+MIN_PROGRAMS_PER_SM = 0.25
 
 
-def candidates(dtype: torch.dtype) -> list[LaunchConfig]:
-    """Every fused-kernel tile, without split-K or cuBLAS."""
-    return [LaunchConfig(r, c, red, w, s) for r, c, w, s in TILES for red in REDUCTION_STEPS[dtype]]
+# 16-bit dtypes: one reduction step, the longest that does not overrun the reduction.
+# Evidence: every bf16 winner of the format-1 launch table still among the candidates
+# (36 on the H100, 7 on the H200, both steps timed) took 64 where the reduction is
+# >= 64 and 32 where it is 10 (the head's dX).
+# fp32 keeps both steps: 16 won for the head's dW and for dX at 512 x 1024 on the H100.
+ONE_STEP_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def candidates(dtype: torch.dtype, reduction: int | None = None) -> list[LaunchConfig]:
+    """Every fused-kernel tile, without split-K or cuBLAS; for a 16-bit dtype and a
+    known reduction, with the one reduction step that fits it (ONE_STEP_DTYPES)."""
+    steps = REDUCTION_STEPS[dtype]
+    if reduction is not None and dtype in ONE_STEP_DTYPES:
+        fitting = [s for s in steps if s <= max(16, reduction)]
+        steps = (max(fitting),) if fitting else (min(steps),)
+    return [LaunchConfig(r, c, red, w, s) for r, c, w, s in TILES for red in steps]
+
+
+def _programs(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> int:
+    return _make_plan(kernel, rows, cols, reduction, cfg).programs
 
 
 def tuning_candidates(
-    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, sm_count: int | None
+    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, sm_count: int | None, prune: bool = True
 ) -> list[LaunchConfig]:
     """What tuning one shape times: the heuristic's tile, the tiles that fit the output
     (a 128-row tile over a 16-row output is mostly masked work), for dW split-K over
-    the tiles that leave SMs idle, and the cuBLAS route."""
+    the tiles that leave SMs idle, and the cuBLAS route; where the SM count is known,
+    less the tiles the occupancy rule (MIN_PROGRAMS_PER_SM) and, in 16 bits, the
+    reduction-step rule (ONE_STEP_DTYPES) rule out; `prune=False`: neither rule."""
     heuristic = heuristic_config(rows, cols, reduction, dtype)
-    fits = [c for c in candidates(dtype) if c.block_r <= max(32, _bucket(rows)) and c.block_c <= max(32, _bucket(cols))]
+    fits = [c for c in candidates(dtype, reduction if prune else None) if c.block_r <= max(32, _bucket(rows)) and c.block_c <= max(32, _bucket(cols))]
     out = [heuristic] + [c for c in fits if c != heuristic]
     if kernel == "dw" and sm_count:
         longest = max(REDUCTION_STEPS[dtype])  # a slice is short: take the long step
@@ -447,6 +491,11 @@ def tuning_candidates(
             for s in SPLITS:  # at least one reduction step per slice, at most two waves
                 if s <= triton.cdiv(reduction, c.block_red) and tiles * s <= 2 * sm_count:
                     out.append(dataclasses.replace(c, split_k=s))
+    if sm_count and prune:  # among whole tiles: split-K has its own bounds above
+        programs = [_programs(kernel, rows, cols, reduction, c) if c.split_k == 1 else None for c in out]
+        if max(p for p in programs if p is not None) >= sm_count:
+            floor = MIN_PROGRAMS_PER_SM * sm_count
+            out = [c for i, (c, p) in enumerate(zip(out, programs)) if i == 0 or p is None or p >= floor]
     out.append(dataclasses.replace(heuristic, backend=CUBLAS))
     return out
 
@@ -476,7 +525,8 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 # kernels/launch_table.json, written by `python -m kernels.tune` on each GPU model:
-# per GPU name, "configs" keyed by `shape_key`.
+# per GPU name, "key_format" (KEY_FORMAT) and "configs" keyed by `shape_key`, each a
+# LaunchConfig (split_k and backend included: the routes are table entries too).
 TABLE_PATH = Path(__file__).with_name("launch_table.json")
 KERNELS = ("fwd", "dw", "dx")
 
@@ -490,6 +540,12 @@ def _mnk(kernel: str, rows: int, cols: int, reduction: int) -> tuple[int, int, i
     return rows, reduction, cols  # dx
 
 
+def kernel_shapes(m: int, n: int, k: int, input_grad: bool = True) -> list[tuple[str, int, int, int]]:
+    """(kernel, rows, cols, reduction) of the kernels a layer (M, N, K) launches."""
+    out = [("fwd", m, n, k), ("dw", n, k, m)]
+    return out + [("dx", m, k, n)] if input_grad else out
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Everything a launch needs besides the tensors, worked out once per shape."""
@@ -499,6 +555,10 @@ class _Plan:
     splits: int = 1  # dw: split-K slices in use (never an empty one)
     m_per_split: int = 0  # dw: batch rows per slice
     sum_grid: tuple = ()  # dw with splits > 1: the partial-sum kernel's grid
+
+    @property
+    def programs(self) -> int:
+        return math.prod(self.grid) if self.grid else 0
 
 
 def _make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> _Plan:
@@ -516,14 +576,32 @@ def _make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchCon
     return _Plan(cfg, (tiles,), 1, reduction)
 
 
-# The hot path: (kernel, rows, cols, reduction, dtype, device) -> plan. Only final
-# answers go in (table, cache, tuned, or the heuristic where nothing can be tuned).
+# The hot path: (kernel, rows, cols, reduction, dtype, device, precision, activation
+# class) -> plan. Only final answers go in (table, cache, tuned, or the heuristic
+# where nothing can be tuned).
 _PLANS: dict[tuple, _Plan] = {}
 # Set only by a tuner while it measures a candidate: the config every call then uses.
 _FORCED: dict[str, LaunchConfig] = {}
 
-# (kernel, M, N, K, dtype, config, device) -> milliseconds per call
-Measure = Callable[[str, int, int, int, torch.dtype, LaunchConfig, torch.device], float]
+# (kernel, M, N, K, dtype, config, device, *, activation, quick) -> ms per call
+Measure = Callable[..., float]
+# (kernel, M, N, K, dtype, configs, device, *, activation) -> kernels compiled
+Prepare = Callable[..., int]
+
+# Successive halving: every candidate is first timed briefly (QUICK_TIMING: calls per
+# graph, replays), only the FINALISTS fastest (and the heuristic's tile, the baseline
+# the report compares with) again with FULL_TIMING, and the choice rests on the full
+# timing alone. A quick timing is about a tenth of a full one in kernel executions; its
+# ranking need only put the true winner among the first four.
+QUICK_TIMING = (5, 3)
+FULL_TIMING = (20, 10)
+FINALISTS = 4
+# silu's tiles are chosen among the pointwise class's finalists at the same shape
+# (where that class was tuned first, as the experiments order it): the same GEMM with
+# a heavier epilogue and prologue reorders close tiles, not distant ones, and silu's
+# own compilations (its ACTIVATION is a constexpr) would otherwise add about a third
+# to first-use tuning. The heuristic's tile and the cuBLAS route are always timed too.
+SEED_CLASSES = {"silu": "pointwise"}
 
 
 def _stream_capturing(device: torch.device) -> bool:
@@ -553,6 +631,7 @@ class _Launches:
         tables: dict[str, dict[str, Any]] | None = None,
         measure: Measure | None = None,
         sm_count: int | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self.mode = tuning_cache.tune_mode_from_env(os.environ.get("LOADBENCH_TUNE") if mode is None else mode)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else tuning_cache.cache_dir()
@@ -561,9 +640,13 @@ class _Launches:
         self._caches: dict[str, TuningCache] = {}
         self._models: dict[torch.device, str] = {}
         self._measure = measure  # None: CUDA-graph timing on a GPU, nothing to measure elsewhere
+        self._prepare = prepare  # None: parallel compilation where _measure is None too
         self._sm_count = sm_count
+        self._tuned: dict[tuple[str, str], LaunchConfig] = {}  # (gpu, key): tuned in this process
+        self._finalists: dict[tuple[str, str], list[LaunchConfig]] = {}  # (gpu, key): fastest first
         self.report: dict[tuple, dict[str, Any]] = {}
         self.tuning_seconds = 0.0
+        self.tuning_counts = {"shapes": 0, "candidates": 0, "quick": 0, "full": 0, "compiled": 0}
         self._warned: set[str] = set()
 
     def _warn_once(self, what: str) -> None:
@@ -588,7 +671,13 @@ class _Launches:
                     self._warn_once(f"{TABLE_PATH}: unreadable ({exc}); launching without the committed table")
                     self._table_file = {}
             group = self._table_file.get(gpu, {})
-            raw = group.get("configs", group) if isinstance(group, dict) else {}
+            raw = group.get("configs", {}) if isinstance(group, dict) else {}
+            if raw and group.get("key_format") != KEY_FORMAT:
+                self._warn_once(
+                    f"{TABLE_PATH}: {gpu}: tuned before its keys named the precision and activation class "
+                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. Re-tune it: python -m kernels.tune"
+                )
+                raw = {}
             parsed = {}
             for key, cfg in raw.items():
                 try:
@@ -619,6 +708,11 @@ class _Launches:
             return self._measure
         return time_launch if device.type == "cuda" else None
 
+    def prepare(self, device: torch.device) -> Prepare | None:
+        if self._prepare is not None or self._measure is not None:
+            return self._prepare
+        return precompile if device.type == "cuda" else None
+
     def sm_count(self, device: torch.device) -> int | None:
         if self._sm_count is None and device.type == "cuda":
             self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
@@ -627,102 +721,168 @@ class _Launches:
     # ------------------------------------------------------------- resolution
 
     def resolve(
-        self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device, busy: str | None
-    ) -> tuple[LaunchConfig, str, str | None, bool]:
+        self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device,
+        busy: str | None, precision: str, act_class: str,
+    ) -> tuple[LaunchConfig, str, str | None, bool]:  # fmt: skip
         """(config, source, note, final). Not final: the heuristic stood in for a
         tuning that could not run now (`busy` says why); the next call asks again."""
         gpu = self.model(device)
+        key = shape_key(kernel, rows, cols, red, dtype, precision, act_class)
         if self.mode != "always":
-            cfg = self.table(gpu).get(shape_key(kernel, rows, cols, dtype))
+            cfg = self.table(gpu).get(key)
             if cfg is not None:
                 return cfg, "table", None, True
-            if self.mode == "cache":
-                cfg = self.cached(gpu, tuned_key(kernel, rows, cols, red, dtype))
-                if cfg is not None:
-                    return cfg, "cache", None, True
+        if (gpu, key) in self._tuned:  # another shape of the same class, tuned in this process
+            return self._tuned[gpu, key], "tuned", None, True
+        if self.mode == "cache":
+            cfg = self.cached(gpu, key)
+            if cfg is not None:
+                return cfg, "cache", None, True
         heuristic = heuristic_config(rows, cols, red, dtype)
         measure = self.measure(device)
         if self.mode == "off" or measure is None:
             return heuristic, "heuristic", None, True
         if busy is not None:
             return heuristic, "heuristic", f"first call during {busy}: heuristic for it, tuned on the next eager call", False
-        cfg, note = self.tune(kernel, rows, cols, red, dtype, device, measure)
+        cfg, note = self.tune(kernel, rows, cols, red, dtype, device, measure, precision, act_class)
         return (cfg, "tuned", None, True) if cfg is not None else (heuristic, "heuristic", note, True)
 
     def tune(
-        self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device, measure: Measure
-    ) -> tuple[LaunchConfig | None, str | None]:
-        """Time every candidate once, keep the fastest in the cache; one progress line."""
-        gpu, key = self.model(device), tuned_key(kernel, rows, cols, red, dtype)
+        self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device,
+        measure: Measure, precision: str, act_class: str,
+    ) -> tuple[LaunchConfig | None, str | None]:  # fmt: skip
+        """Compile every candidate at once, time each briefly, time the finalists
+        properly, keep the fastest in the cache; one progress line."""
+        gpu, key = self.model(device), shape_key(kernel, rows, cols, red, dtype, precision, act_class)
         m, n, k = _mnk(kernel, rows, cols, red)
+        activation = TIMED_ACTIVATION[act_class]
         cands = tuning_candidates(kernel, rows, cols, red, dtype, self.sm_count(device))
+        seeds = self.seeds(gpu, kernel, rows, cols, red, dtype, precision, act_class)
+        if seeds is not None:
+            cands = list(dict.fromkeys([cands[0], *seeds, cands[-1]]))  # heuristic, seeds, cuBLAS
         label = f"loadbench: tuning {key} (M={m} N={n} K={k}) on {gpu}, {len(cands)} candidates"
         tty = sys.stderr.isatty()
         print(label, end="" if tty else " ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        times: list[float | None] = []
-        for i, cfg in enumerate(cands):
+        prepare = self.prepare(device)
+        compiled = 0
+        if prepare is not None:
             try:
-                times.append(float(measure(kernel, m, n, k, dtype, cfg, device)))
+                compiled = int(prepare(kernel, m, n, k, dtype, cands, device, activation=activation))
+            except Exception:  # compiling ahead is an optimisation: the timing compiles what is left
+                compiled = 0
+
+        def timed(i: int, quick: bool) -> float | None:
+            try:
+                ms = float(measure(kernel, m, n, k, dtype, cands[i], device, activation=activation, quick=quick))
             except Exception:  # a tile too large for this GPU's shared memory, or a route that cannot run
-                times.append(None)
-            if tty:
-                print(f"\r{label}: {i + 1}/{len(cands)}", end="", file=sys.stderr, flush=True)
+                return None
+            return ms if math.isfinite(ms) else None
+
+        quick: dict[int, float | None] = {}
+        if len(cands) > FINALISTS + 1:
+            for i in range(len(cands)):
+                quick[i] = timed(i, True)
+                if tty:
+                    print(f"\r{label}: {i + 1}/{len(cands)}", end="", file=sys.stderr, flush=True)
+            ranked = sorted((ms, i) for i, ms in quick.items() if ms is not None)  # ties: first listed
+            finalists = sorted({i for _, i in ranked[:FINALISTS]} | ({0} if quick[0] is not None else set()))
+        else:
+            finalists = list(range(len(cands)))
+        full = {i: timed(i, False) for i in finalists}
         seconds = time.perf_counter() - start
         self.tuning_seconds += seconds
-        timed = sorted((ms, i) for i, ms in enumerate(times) if ms is not None and math.isfinite(ms))  # ties: first listed
-        if not timed:
+        counts = self.tuning_counts
+        counts["shapes"] += 1
+        counts["candidates"] += len(cands)
+        counts["quick"] += len(quick)
+        counts["full"] += len(finalists)
+        counts["compiled"] += compiled
+        ranked_full = sorted((ms, i) for i, ms in full.items() if ms is not None)
+        if not ranked_full:
             print(f" -> no candidate ran; heuristic ({seconds:.1f} s)", file=sys.stderr, flush=True)
             return None, "no tuning candidate ran"
-        best_ms, best = timed[0][0], cands[timed[0][1]]
-        heuristic_ms = times[0]  # candidate 0 is the heuristic's tile
-        versus = f"heuristic {heuristic_ms * 1000:.1f} us" if heuristic_ms is not None else "heuristic failed"
+        best_ms, best = ranked_full[0][0], cands[ranked_full[0][1]]
+        self._finalists[gpu, key] = [cands[i] for _, i in ranked_full]
+        heuristic_ms = full.get(0)  # candidate 0 is the heuristic's tile
+        versus = f"heuristic {heuristic_ms * 1000:.1f} us" if heuristic_ms is not None else "heuristic not a finalist or failed"
         print(f" -> {best.describe()}: {best_ms * 1000:.1f} us ({versus}) in {seconds:.1f} s", file=sys.stderr, flush=True)
         entry = {
             "config": dataclasses.asdict(best),
             "ms": best_ms,
             "heuristic_ms": heuristic_ms,
             "shape": [m, n, k],
+            "precision": precision,
+            "activation": act_class,
+            "timed_with": activation,
             "candidates": len(cands),
-            "failed": sum(t is None for t in times),
+            "seeded_from": SEED_CLASSES.get(act_class) if seeds is not None else None,
+            "finalists": [dataclasses.asdict(cands[i]) for _, i in ranked_full],  # fastest first
+            "failed": sum(t is None for t in (quick or full).values()),
+            "compiled_ahead": compiled,
             "seconds": round(seconds, 3),
-            "precision": _precision(dtype),
-            "timing": "CUDA-graph replay, median ms per call (linear_act.replay_ms)",
+            "timing": f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
+            f"{QUICK_TIMING[0]} calls x {QUICK_TIMING[1]} replays, the {FINALISTS} fastest and the heuristic "
+            f"{FULL_TIMING[0]} x {FULL_TIMING[1]}",
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        self._tuned[gpu, key] = best
         try:
             self.cache(gpu).put(key, entry)
         except OSError as exc:  # a read-only home must not stop a run: keep the tile for this process
             self._warn_once(f"{self.cache(gpu).path}: cannot store tuned tiles ({exc}); they last this process only")
         return best, None
 
+    def seeds(
+        self, gpu: str, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, precision: str, act_class: str
+    ) -> list[LaunchConfig] | None:
+        """For a class SEED_CLASSES seeds: the finalists of the same shape in the seeding
+        class, fastest first, from this process or the cache; None if it has none."""
+        source = SEED_CLASSES.get(act_class)
+        if source is None:
+            return None
+        key = shape_key(kernel, rows, cols, red, dtype, precision, source)
+        if (gpu, key) in self._finalists:
+            return self._finalists[gpu, key]
+        entry = self.cache(gpu).get(key) if self.mode != "off" else None
+        if not entry:
+            return None
+        try:
+            return [LaunchConfig.from_dict(c) for c in entry["finalists"]] or None
+        except (ValueError, TypeError, KeyError):  # an older entry: no finalists kept
+            return None
+
     # ------------------------------------------------------------------- plans
 
-    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor) -> _Plan:
+    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> _Plan:
         dtype, device = like.dtype, like.device
-        cfg, source, note, final = self.resolve(kernel, rows, cols, red, dtype, device, _why_not_now(like))
+        cfg, source, note, final = self.resolve(
+            kernel, rows, cols, red, dtype, device, _why_not_now(like), precision, act_class
+        )
         plan = _make_plan(kernel, rows, cols, red, cfg)
-        self.record(kernel, rows, cols, red, dtype, device, plan, source, note, final)
+        self.record(kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class)
         if final:
-            _PLANS[(kernel, rows, cols, red, dtype, device)] = plan
+            _PLANS[(kernel, rows, cols, red, dtype, device, precision, act_class)] = plan
         return plan
 
-    def record(self, kernel, rows, cols, red, dtype, device, plan, source, note, final) -> None:  # type: ignore[no-untyped-def]
+    def record(self, kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class) -> None:  # type: ignore[no-untyped-def]
         cfg = plan.cfg
         route = cfg.describe() if cfg.backend == CUBLAS else f"triton split-K {plan.splits}" if plan.splits > 1 else "triton"
         entry: dict[str, Any] = {
             "kernel": kernel,
             "dtype": str(dtype).removeprefix("torch."),
+            "precision": precision,
+            "activation": act_class,
             "shape": list(_mnk(kernel, rows, cols, red)),  # M, N, K of the layer
             "device": self.model(device),
-            "key": shape_key(kernel, rows, cols, dtype) if source == "table" else tuned_key(kernel, rows, cols, red, dtype),
+            "key": shape_key(kernel, rows, cols, red, dtype, precision, act_class),
             "source": source,
             "route": route,
             "config": dataclasses.asdict(cfg),
         }
         if note:
             entry["note"] = note
-        slot = (kernel, rows, cols, red, dtype, str(device))
+        slot = (kernel, rows, cols, red, dtype, str(device), precision, act_class)
         earlier = self.report.get(slot)
         if earlier is not None and earlier.get("deferred"):
             # A graph captured (or a trace made) before this call keeps the heuristic's tile.
@@ -742,26 +902,29 @@ def _state() -> _Launches:
     return _STATE
 
 
-def _plan(kernel: str, rows: int, cols: int, reduction: int, like: torch.Tensor) -> _Plan:
+def _plan(
+    kernel: str, rows: int, cols: int, reduction: int, like: torch.Tensor, precision: str, act_class: str
+) -> _Plan:
     """The launch plan for a call: a dict lookup after the first call of a shape."""
     if _FORCED:
         cfg = _FORCED.get(kernel)
         if cfg is not None:
             return _make_plan(kernel, rows, cols, reduction, cfg)
     try:
-        return _PLANS[(kernel, rows, cols, reduction, like.dtype, like.device)]
+        return _PLANS[(kernel, rows, cols, reduction, like.dtype, like.device, precision, act_class)]
     except KeyError:
-        return _state().plan(kernel, rows, cols, reduction, like)
+        return _state().plan(kernel, rows, cols, reduction, like, precision, act_class)
     except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) do not hash: plan per trace
         return _make_plan(kernel, rows, cols, reduction, heuristic_config(rows, cols, reduction, like.dtype))
 
 
 def launch_config(
-    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, device: torch.device | str | None = None
-) -> LaunchConfig:
-    """The tile `kernel` uses for a `rows` x `cols` output reducing over `reduction`:
-    what this process already uses for the shape, else table, cache or heuristic. It
-    never tunes (only a call of the op does)."""
+    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, device: torch.device | str | None = None,
+    activation: int | str = "leaky_relu",
+) -> LaunchConfig:  # fmt: skip
+    """The tile `kernel` uses for a `rows` x `cols` output reducing over `reduction`
+    (at the current float32 matmul precision): what this process already uses for the
+    shape, else table, cache or heuristic. It never tunes (only a call of the op does)."""
     if kernel in _FORCED:
         return _FORCED[kernel]
     if device is None:
@@ -769,30 +932,39 @@ def launch_config(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    plan = _PLANS.get((kernel, rows, cols, reduction, dtype, device))
+    precision, act_class = _precision(dtype), activation_class(activation)
+    plan = _PLANS.get((kernel, rows, cols, reduction, dtype, device, precision, act_class))
     if plan is not None:
         return plan.cfg
-    return _state().resolve(kernel, rows, cols, reduction, dtype, device, busy="a lookup")[0]
+    return _state().resolve(kernel, rows, cols, reduction, dtype, device, "a lookup", precision, act_class)[0]
 
 
 def launch_report() -> list[dict[str, Any]]:
     """Per kernel and shape this process launched: the config, its source ('table',
     'cache', 'tuned', 'heuristic'), the route ('triton', 'triton split-K S',
-    'cublas+epilogue') and, where the first call could not tune, a note (and, once
-    tuned, a 'fallback' naming the tile that call used)."""
+    'cublas+epilogue'), the precision and activation class it was keyed by and, where
+    the first call could not tune, a note (and, once tuned, a 'fallback' naming the
+    tile that call used)."""
     entries = _state().report.values() if _STATE is not None else []
-    return [json.loads(json.dumps(e)) for e in sorted(entries, key=lambda e: (e["dtype"], e["kernel"], e["shape"]))]
+    order = lambda e: (e["dtype"], e["precision"], e["activation"], e["kernel"], e["shape"])  # noqa: E731
+    return [json.loads(json.dumps(e)) for e in sorted(entries, key=order)]
 
 
 def tuning_seconds() -> float:
-    """Seconds this process spent timing candidates (first-use tuning)."""
+    """Seconds this process spent tuning (compiling ahead and timing candidates)."""
     return _STATE.tuning_seconds if _STATE is not None else 0.0
+
+
+def tuning_counts() -> dict[str, int]:
+    """What this process's first-use tuning did: shapes tuned, candidates, quick and
+    full timings, kernels compiled ahead."""
+    return dict(_STATE.tuning_counts) if _STATE is not None else {}
 
 
 def reset_launch_state(**overrides: Any) -> None:
     """Forget every plan and re-read LOADBENCH_TUNE, the table and the cache on next
     use. Tests and tools pass `_Launches` arguments (mode, cache_dir, tables,
-    measure, sm_count) to replace what the environment would give."""
+    measure, sm_count, prepare) to replace what the environment would give."""
     global _STATE
     _PLANS.clear()
     _STATE = _Launches(**overrides) if overrides else None
@@ -822,87 +994,164 @@ def replay_ms(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> f
     return sorted(times)[len(times) // 2]
 
 
+@contextlib.contextmanager
+def _forcing(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> Any:
+    """Every call inside runs `cfg` for `kernel` and the heuristic's tile for the
+    layer's other kernels, so nothing in it resolves or tunes (it may run inside a call
+    of the op: first-use tuning); the forced tiles before it come back after."""
+    before = dict(_FORCED)
+    _FORCED.update({kn: heuristic_config(r, c, red, dtype) for kn, r, c, red in kernel_shapes(m, n, k)})
+    _FORCED[kernel] = cfg
+    try:
+        yield
+    finally:
+        _FORCED.clear()
+        _FORCED.update(before)
+
+
+def _layer_tensors(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(m, k, device=device, dtype=dtype)
+    w = torch.randn(n, k, device=device, dtype=dtype)
+    b = torch.randn(n, device=device, dtype=dtype)
+    return x, w, b
+
+
 def time_launch(
     kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig,
-    device: torch.device | None = None, calls: int = 20, replays: int = 10,
+    device: torch.device | None = None, calls: int | None = None, replays: int | None = None,
     timer: Callable[[Callable[[], object]], float] | None = None,
+    activation: str = "leaky_relu", quick: bool = False,
 ) -> float:  # fmt: skip
     """Milliseconds per call of `kernel` (with `cfg`) at layer shape (M, N, K), from
-    CUDA-graph replay (`replay_ms`; tests pass another `timer`). 'dx' is timed with
-    'dw' (one op runs both); the other kernels of the call run their heuristic tile,
-    so nothing in it resolves or tunes. It may run inside a call of the op (first-use
-    tuning): the nested calls see only forced configurations."""
+    CUDA-graph replay (`replay_ms`; tests pass another `timer`), with QUICK_TIMING or
+    FULL_TIMING unless `calls` and `replays` say otherwise. 'dx' is timed with 'dw' (one
+    launch runs both); the other kernels of the call run their heuristic tile."""
     device = torch.device("cuda") if device is None else device
+    default = QUICK_TIMING if quick else FULL_TIMING
+    calls, replays = calls or default[0], replays or default[1]
     timer = timer or (lambda fn: replay_ms(fn, calls, replays))
-    act = ACTIVATIONS["leaky_relu"]
-    before = dict(_FORCED)
+    act = ACTIVATIONS[activation]
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False):
-        x = torch.randn(m, k, device=device, dtype=dtype)
-        w = torch.randn(n, k, device=device, dtype=dtype)
-        b = torch.randn(n, device=device, dtype=dtype)
-        _FORCED.update(
-            fwd=heuristic_config(m, n, k, dtype), dw=heuristic_config(n, k, m, dtype), dx=heuristic_config(m, k, n, dtype)
-        )
-        _FORCED[kernel] = cfg
+    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), _forcing(kernel, m, n, k, dtype, cfg):
+        x, w, b = _layer_tensors(m, n, k, dtype, device)
+        prec, cls = _precision(dtype), _CLASS_OF[act]
+        y, z = _forward(x, w, b, act, prec, cls, _launch_direct)
+        saved = z if act == SILU else y
+        dy = torch.randn_like(y)
+        if kernel == "fwd":
+            return timer(lambda: _forward(x, w, b, act, prec, cls, _launch_direct))
+        return timer(lambda: _backward(dy, saved, x, w, act, kernel == "dx", prec, cls, _launch_direct))
+
+
+# Threads compiling candidates ahead of timing (Triton's AsyncCompileMode): compiling is
+# most of first-use tuning's cost, and ptxas, a separate process per kernel, and
+# Triton's passes run in parallel. Bounded so tuning does not swamp a shared host.
+COMPILE_THREADS = 8
+
+
+def precompile(
+    kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfgs: list[LaunchConfig], device: torch.device,
+    activation: str = "leaky_relu", threads: int | None = None,
+) -> int:  # fmt: skip
+    """Compile every candidate's kernels for layer (M, N, K) at once, before any is
+    timed: the same code path as a call, with each launch replaced by Triton's
+    `warmup` (compile, no launch) under AsyncCompileMode, so the compiles run on a
+    thread pool. Returns the number of candidates handed to it; 0 where Triton has no
+    AsyncCompileMode or runs its interpreter. A candidate that fails to compile here
+    fails again, and is skipped, when it is timed."""
+    mode = getattr(triton, "AsyncCompileMode", None)
+    if mode is None or os.environ.get("TRITON_INTERPRET") == "1" or not cfgs:
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    act = ACTIVATIONS[activation]
+    prec, cls = _precision(dtype), _CLASS_OF[act]
+    workers = max(1, min(threads or COMPILE_THREADS, os.cpu_count() or 1, len(cfgs)))
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), ThreadPoolExecutor(workers) as pool:
+        x, w, b = _layer_tensors(m, n, k, dtype, device)
+        y = torch.empty((m, n), device=device, dtype=dtype)
         try:
-            y, _ = linear_act_fwd(x, w, b, act)
-            dy = torch.randn_like(y)
-            if kernel == "fwd":
-                return timer(lambda: linear_act_fwd(x, w, b, act))
-            return timer(lambda: linear_act_bwd(dy, y, x, w, act, kernel == "dx"))
-        finally:
-            _FORCED.clear()
-            _FORCED.update(before)
+            compiling = mode(pool, ignore_errors=True)
+        except TypeError:  # older Triton: no ignore_errors
+            compiling = mode(pool)
+        handed = 0
+        with contextlib.suppress(Exception), compiling:
+            for cfg in cfgs:
+                with _forcing(kernel, m, n, k, dtype, cfg):
+                    if kernel == "fwd":
+                        _forward(x, w, b, act, prec, cls, _launch_warmup)
+                    else:
+                        _backward(y, y, x, w, act, kernel == "dx", prec, cls, _launch_warmup)
+                handed += 1
+    return handed
 
 
-# ---------------------------------------------------------------------- torch ops
+# ---------------------------------------------------------------------- launches
 
 
-@triton_op("loadbench::linear_act_fwd", mutates_args={})
-def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
+def _launch_traceable(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """Inside the torch ops: wrap_triton lets torch.compile trace the launch."""
+    wrap_triton(fn)[grid](*args, **kwargs)
+
+
+def _launch_direct(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """Eagerly, outside any trace: Triton's own launcher, no wrapper objects."""
+    fn[grid](*args, **kwargs)
+
+
+def _launch_warmup(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """Compile only (precompile): nothing runs, the outputs stay unwritten."""
+    fn.warmup(*args, grid=grid, **kwargs)
+
+
+def _forward(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int, precision: str, act_class: str, launch: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
     M, K = x.shape
     N = w.shape[0]
-    plan = _plan("fwd", M, N, K, x)
+    plan = _plan("fwd", M, N, K, x, precision, act_class)
     cfg, save_z = plan.cfg, activation == SILU
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if cfg.backend == CUBLAS:
         z = torch.mm(x, w.t())  # cuBLAS; bias and activation in our epilogue
-        wrap_triton(_bias_act_kernel)[plan.grid](
+        launch(
+            _bias_act_kernel, plan.grid,
             z, b, y, M, N, z.stride(0), z.stride(1), y.stride(0), y.stride(1), LEAKY_SLOPE,
             ACTIVATION=activation, SAVE_Z=save_z, BLOCK_M=EPILOGUE_BLOCK[0], BLOCK_N=EPILOGUE_BLOCK[1],
         )  # fmt: skip
         return y, z if save_z else torch.empty((0, N), device=x.device, dtype=x.dtype)
     z = torch.empty((M, N) if save_z else (0, N), device=x.device, dtype=x.dtype)
-    wrap_triton(_forward_kernel)[plan.grid](
+    launch(
+        _forward_kernel, plan.grid,
         x, w, b, y, z if save_z else y, M, N, K,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1), LEAKY_SLOPE,
-        ACTIVATION=activation, SAVE_Z=save_z, PRECISION=_precision(x.dtype),
+        ACTIVATION=activation, SAVE_Z=save_z, PRECISION=precision,
         BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red, GROUP=cfg.group,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return y, z
 
 
-@triton_op("loadbench::linear_act_bwd", mutates_args={})
-def linear_act_bwd(
-    dy: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, w: torch.Tensor, activation: int, input_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(
+    dy: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, w: torch.Tensor, activation: int, input_grad: bool,
+    precision: str, act_class: str, launch: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dX (empty unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
     dy = dy.contiguous()
     M, K = x.shape
     N = w.shape[0]
-    precision = _precision(x.dtype)
-    dw_plan = _plan("dw", N, K, M, x)
-    dx_plan = _plan("dx", M, K, N, x) if input_grad else None
+    dw_plan = _plan("dw", N, K, M, x, precision, act_class)
+    dx_plan = _plan("dx", M, K, N, x, precision, act_class) if input_grad else None
     db = torch.empty((N,), device=w.device, dtype=w.dtype)
     dz = None
     if dw_plan.cfg.backend == CUBLAS or (dx_plan is not None and dx_plan.cfg.backend == CUBLAS):
         # The cuBLAS route: dZ once, in the GEMMs' dtype (as the fused kernels cast it
         # before their dot), and db from fp32 dZ.
         dz = torch.empty((M, N), device=x.device, dtype=x.dtype)
-        wrap_triton(_act_grad_kernel)[(triton.cdiv(N, GRAD_BLOCK[1]),)](
+        launch(
+            _act_grad_kernel, (triton.cdiv(N, GRAD_BLOCK[1]),),
             dy, saved, dz, db, M, N, dy.stride(0), dy.stride(1), dz.stride(0), dz.stride(1), LEAKY_SLOPE,
             ACTIVATION=activation, BLOCK_M=GRAD_BLOCK[0], BLOCK_N=GRAD_BLOCK[1],
         )  # fmt: skip
@@ -914,7 +1163,8 @@ def linear_act_bwd(
         split = dw_plan.splits > 1
         # split-K: every slice's partials (dW then db) in one fp32 workspace row
         ws = torch.empty((dw_plan.splits, N * K + N), device=x.device, dtype=torch.float32) if split else dw
-        wrap_triton(_weight_grad_kernel)[dw_plan.grid](
+        launch(
+            _weight_grad_kernel, dw_plan.grid,
             dy, saved, x, ws if split else dw, ws if split else db, M, N, K, dw_plan.m_per_split,
             dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0), dw.stride(1), N * K + N, LEAKY_SLOPE,
             ACTIVATION=activation, PRECISION=precision, SPLIT=split,
@@ -922,16 +1172,18 @@ def linear_act_bwd(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         if split:
-            wrap_triton(_split_sum_kernel)[dw_plan.sum_grid](
-                ws, dw, db, dw_plan.splits, N, K, ws.stride(0), dw.stride(0), dw.stride(1), BLOCK=SUM_BLOCK
-            )
+            launch(
+                _split_sum_kernel, dw_plan.sum_grid,
+                ws, dw, db, dw_plan.splits, N, K, ws.stride(0), dw.stride(0), dw.stride(1), BLOCK=SUM_BLOCK,
+            )  # fmt: skip
     if dx_plan is None:
         return torch.empty((0, K), device=x.device, dtype=x.dtype), dw, db
     cfg = dx_plan.cfg
     if cfg.backend == CUBLAS:
         return torch.mm(dz, w), dw, db
     dx = torch.empty_like(x)
-    wrap_triton(_input_grad_kernel)[dx_plan.grid](
+    launch(
+        _input_grad_kernel, dx_plan.grid,
         dy, saved, w, dx, M, N, K,
         dy.stride(0), dy.stride(1), w.stride(0), w.stride(1), dx.stride(0), dx.stride(1), LEAKY_SLOPE,
         ACTIVATION=activation, PRECISION=precision,
@@ -941,6 +1193,24 @@ def linear_act_bwd(
     return dx, dw, db
 
 
+# ---------------------------------------------------------------------- torch ops
+
+
+@triton_op("loadbench::linear_act_fwd", mutates_args={})
+def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
+    return _forward(x, w, b, activation, _precision(x.dtype), _CLASS_OF[activation], _launch_traceable)
+
+
+@triton_op("loadbench::linear_act_bwd", mutates_args={})
+def linear_act_bwd(
+    dy: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, w: torch.Tensor, activation: int, input_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dX (empty unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
+    prec = _precision(x.dtype)
+    return _backward(dy, saved, x, w, activation, input_grad, prec, _CLASS_OF[activation], _launch_traceable)
+
+
 def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
     x, w, _, activation = inputs
     y, z = output
@@ -948,23 +1218,75 @@ def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
     ctx.save_for_backward(x, w, z if activation == SILU else y)
 
 
-def _backward(ctx, dy, _dz):  # type: ignore[no-untyped-def]
+def _op_backward(ctx, dy, _dz):  # type: ignore[no-untyped-def]
     x, w, saved = ctx.saved_tensors
     dx, dw, db = linear_act_bwd(dy, saved, x, w, ctx.activation, ctx.needs_input_grad[0])
     return (dx if ctx.needs_input_grad[0] else None), dw, db, None
 
 
-linear_act_fwd.register_autograd(_backward, setup_context=_setup_context)
+linear_act_fwd.register_autograd(_op_backward, setup_context=_setup_context)
+AUTOCAST_DTYPE = torch.bfloat16
 for _device in ("cuda", "cpu"):
     # Our op takes its dtype from its inputs: under autocast, cast them the way
     # autocast casts a linear layer's.
-    torch.library.register_autocast("loadbench::linear_act_fwd", _device, torch.bfloat16)
+    torch.library.register_autocast("loadbench::linear_act_fwd", _device, AUTOCAST_DTYPE)
+
+
+class _EagerLinearAct(torch.autograd.Function):
+    """The same forward and backward as the ops, for eager calls: no dispatcher round
+    trip through the custom op (and its autograd and autocast wrappers), no wrap_triton
+    objects per launch. torch.compile never sees it (`linear_act` takes the op path
+    while tracing), so the ops stay what compile, export and opcheck work with."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, activation):  # type: ignore[no-untyped-def]
+        prec, cls = _precision(x.dtype), _CLASS_OF[activation]
+        y, z = _forward(x, w, b, activation, prec, cls, _launch_direct)
+        ctx.activation = activation
+        ctx.save_for_backward(x, w, z if activation == SILU else y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[no-untyped-def]
+        x, w, saved = ctx.saved_tensors
+        act, want_dx = ctx.activation, ctx.needs_input_grad[0]
+        dx, dw, db = _backward(dy, saved, x, w, act, want_dx, _precision(x.dtype), _CLASS_OF[act], _launch_direct)
+        return (dx if want_dx else None), dw, db, None
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+try:  # a module flag torch keeps up to date on every mode's entry and exit (infra modes too)
+    from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
+except ImportError:  # pragma: no cover - older torch
+
+    def _in_dispatch_mode() -> bool:
+        return bool(torch._C._len_torch_dispatch_stack())
+
+
+def _eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a call may skip the op: plain tensors, no torch.compile trace and no
+    dispatch mode (fake tensors, make_fx, FlopCounter) that must see the op."""
+    return (
+        type(x) in _PLAIN and type(w) in _PLAIN and type(b) in _PLAIN
+        and not torch.compiler.is_compiling() and not _in_dispatch_mode()
+    )  # fmt: skip
+
+
+def _autocast_cast(t: torch.Tensor) -> torch.Tensor:
+    """What the op's autocast rule does to an input (torch.library.register_autocast)."""
+    return t.to(AUTOCAST_DTYPE) if t.is_floating_point() and t.dtype is not torch.float64 else t
 
 
 def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: str = "identity") -> torch.Tensor:
     """act(x @ w.T + b) through the fused kernels; `activation` is a name in ACTIVATIONS."""
-    if activation not in ACTIVATIONS:
+    code = ACTIVATIONS.get(activation)
+    if code is None:
         raise ValueError(f"activation {activation!r}: expected one of {', '.join(ACTIVATIONS)}")
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or b.shape != (w.shape[0],):
         raise ValueError(f"linear_act: shapes x {tuple(x.shape)}, w {tuple(w.shape)}, b {tuple(b.shape)} do not fit")
-    return linear_act_fwd(x, w, b, ACTIVATIONS[activation])[0]
+    if not _eager(x, w, b):
+        return linear_act_fwd(x, w, b, code)[0]
+    if torch.is_autocast_enabled(x.device.type):
+        kind = x.device.type
+        x, w, b = (_autocast_cast(t) if t.device.type == kind else t for t in (x, w, b))
+    return _EagerLinearAct.apply(x, w, b, code)

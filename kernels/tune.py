@@ -3,15 +3,29 @@
     python -m kernels.tune                      # updates kernels/launch_table.json
     python -m kernels.tune --out table.json --batches 64 512 --widths 512
     python -m kernels.tune --merge a.json b.json    # one table from runs split over GPUs
+    python -m kernels.tune --dry-run --experiments  # what first-use tuning costs, no GPU
 
-For every shape the MLP trains with (batch x width, the first layer's K = 75 and the
-head's N = 10), every kernel (forward, weight gradient, input gradient) and dtype
-(fp32 IEEE, bf16), each candidate of `linear_act.tuning_candidates` (the tiles that fit
-the output, split-K for weight gradients that leave SMs idle, the cuBLAS route) is
-timed from a CUDA graph and the fastest is kept for the shape class. The table is keyed
-by the GPU's name, so tables of several GPU models live side by side, and wins over
-the per-user cache that first-use tuning fills (kernels/tuning_cache.py). Run it
-offline, once per GPU model, and commit the result.
+Shapes: every Linear of the MLP (the first layer's K = 75, the hidden layers, the
+head's N = 10) at each batch x width of bench/test_kernels.py's grid (--experiments:
+only the pairs the five experiments train, what first-use tuning must cover), each
+kernel (forward, weight gradient, input gradient), dtype (fp32 at the strict-fp32 mode
+LOADBENCH_STRICT_FP32 picks, bf16) and activation class (the grid's leaky_relu for
+relu, leaky_relu, tanh and sigmoid; silu at 512 x 512, the act experiment's; identity
+for the head). Shapes that fall in one shape class (`linear_act.shape_key`) are tuned
+once.
+
+Tuning is first-use tuning's own (`linear_act._Launches.tune`): the candidates of
+`linear_act.tuning_candidates` (tiles that fit the output and pass the occupancy
+rule, split-K for weight gradients that leave SMs idle, the cuBLAS route) compiled at
+once on a thread pool, each timed briefly from a CUDA graph, the fastest few timed
+again properly (here with more calls and replays than on first use: this table is
+committed). The table is keyed by the GPU's name, so tables of several GPU models live
+side by side, and wins over the per-user cache (kernels/tuning_cache.py). Its entries
+are the cache's (route included: split_k, backend), with their timings as evidence.
+
+--dry-run lists the shapes and counts candidates, timings, kernel executions and
+distinct Triton compilations, under the present policy and the one before it (every
+candidate timed fully, no occupancy rule, no class dedupe); it needs no GPU.
 """
 
 from __future__ import annotations
@@ -20,16 +34,24 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kernels import linear_act as op
 from kernels.linear_act import LaunchConfig
-from kernels.linear_act import shape_key
+
+DEFAULT_BATCHES = (64, 128, 256, 512)
+DEFAULT_WIDTHS = (128, 256, 512, 1024, 2048)
+FEATURES, DEPTH, CLASSES = 75, 3, 10
+SILU_AT = (512, 512)  # the act experiment's batch x width
+H100_SMS = 132  # H100 SXM and H200 alike: the dry run's default SM count
+# Table timing of the finalists: more than first use spends, as the table is committed.
+TABLE_TIMING = (100, 20)
 
 
 def candidates(dtype: torch.dtype) -> list[LaunchConfig]:
@@ -42,50 +64,183 @@ def layer_shapes(batches: Sequence[int], widths: Sequence[int]) -> list[tuple[in
     shapes = set()
     for m in batches:
         for w in widths:
-            shapes |= {(m, w, 75), (m, w, w), (m, 10, w)}
+            shapes |= {(m, w, FEATURES), (m, w, w), (m, CLASSES, w)}
     return sorted(shapes)
 
 
-def time_kernel(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> float:
-    """Milliseconds per call replayed from a CUDA graph (linear_act.time_launch), with
-    more calls and replays than first-use tuning spends: this table is committed."""
-    return op.time_launch(kernel, m, n, k, dtype, cfg, calls=100, replays=20)
+@dataclass(frozen=True)
+class KernelShape:
+    kernel: str
+    rows: int
+    cols: int
+    red: int
+    dtype: torch.dtype
+    precision: str
+    act_class: str
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        return op._mnk(self.kernel, self.rows, self.cols, self.red)
+
+    @property
+    def key(self) -> str:
+        return op.shape_key(self.kernel, self.rows, self.cols, self.red, self.dtype, self.precision, self.act_class)
+
+
+def _precision_of(dtype: torch.dtype) -> str:
+    return op.STRICT_FP32 if dtype == torch.float32 else "ieee"  # tuning runs fp32 at 'highest'
+
+
+def kernel_shapes(
+    pairs: Sequence[tuple[int, int]], dtypes: Sequence[torch.dtype], silu_at: tuple[int, int] | None = SILU_AT
+) -> list[KernelShape]:
+    """Every kernel shape the MLP launches at these (batch, width) pairs, leaky_relu
+    hidden layers and an identity head, plus silu's at `silu_at`; in launch order, not
+    yet deduplicated by class."""
+    out: list[KernelShape] = []
+    for dtype in dtypes:
+        runs = [(b, w, "leaky_relu") for b, w in pairs] + ([(*silu_at, "silu")] if silu_at in pairs else [])
+        for batch, width, activation in runs:
+            sizes = [FEATURES] + [width] * DEPTH
+            layers = [(batch, o, i, activation) for i, o in zip(sizes[:-1], sizes[1:])] + [(batch, CLASSES, width, "identity")]
+            for m, n, k, act in layers:
+                for kernel, rows, cols, red in op.kernel_shapes(m, n, k, input_grad=k != FEATURES):
+                    out.append(KernelShape(kernel, rows, cols, red, dtype, _precision_of(dtype), op.activation_class(act)))
+    return out
+
+
+def unique_classes(shapes: Sequence[KernelShape]) -> list[KernelShape]:
+    """The first shape of each shape class: what tuning times."""
+    seen: dict[str, KernelShape] = {}
+    for s in shapes:
+        seen.setdefault(s.key, s)
+    return list(seen.values())
+
+
+# ----------------------------------------------------------------- the dry run
+
+
+def _int_spec(v: int) -> str:
+    """How Triton specializes an integer argument: == 1, divisible by 16, or neither."""
+    return "1" if v == 1 else "D" if v % 16 == 0 else "-"
+
+
+def compile_keys(shape: KernelShape, cfg: LaunchConfig) -> set[tuple]:
+    """The Triton compilations timing `cfg` at `shape` needs: the launch code run on
+    meta tensors with a launcher that records each kernel, its constexprs and launch
+    options, its tensors' dtypes and its integers' specialization (an estimate of
+    Triton's cache key: pointers are taken as aligned)."""
+    keys: set[tuple] = set()
+
+    def record(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+        spec = tuple(
+            str(a.dtype) if isinstance(a, torch.Tensor) else _int_spec(a) if isinstance(a, int) else "f" for a in args
+        )
+        keys.add((fn.__name__, spec, tuple(sorted(kwargs.items()))))
+
+    m, n, k = shape.mnk
+    meta = torch.device("meta")
+    act = op.ACTIVATIONS[op.TIMED_ACTIVATION[shape.act_class]]
+    with op._forcing(shape.kernel, m, n, k, shape.dtype, cfg):
+        x, w, b = (torch.empty(s, device=meta, dtype=shape.dtype) for s in ((m, k), (n, k), (n,)))
+        if shape.kernel == "fwd":
+            op._forward(x, w, b, act, shape.precision, shape.act_class, record)
+        else:
+            y = torch.empty((m, n), device=meta, dtype=shape.dtype)
+            op._backward(y, y, x, w, act, shape.kernel == "dx", shape.precision, shape.act_class, record)
+    return keys
+
+
+def _executions(calls: int, replays: int) -> int:
+    """Kernel executions of one timing: a first call, replay_ms's warm call, and the
+    graph of `calls` replayed once plus `replays` times."""
+    return 2 + calls * (replays + 1)
+
+
+def dry_run(shapes: Sequence[KernelShape], sm_count: int) -> dict[str, Any]:
+    """Counts under the policy before (every exact shape, every candidate that fits,
+    each timed fully) and now (one shape per class, the occupancy and reduction-step
+    rules, silu seeded from the pointwise finalists, quick timing of all and full
+    timing of the finalists), and the per-shape rows of the present one. Which tiles
+    become finalists is known only on a GPU: the count takes the first ones listed."""
+    # Before, a process tuned each exact shape once, whatever its activation.
+    exact = {(s.kernel, s.rows, s.cols, s.red, s.dtype): s for s in reversed(shapes)}
+    before_shapes = [s for s in shapes if exact.get((s.kernel, s.rows, s.cols, s.red, s.dtype)) is s]
+    now_shapes = unique_classes(shapes)
+    full_runs = _executions(*op.FULL_TIMING)
+    quick_runs = _executions(*op.QUICK_TIMING)
+
+    def count(which: Sequence[KernelShape], prune: bool, halving: bool) -> tuple[dict[str, int], list[dict]]:
+        compiles: set[tuple] = set()
+        totals = {"shapes": len(which), "candidates": 0, "quick": 0, "full": 0, "executions": 0}
+        rows = []
+        finalists: dict[str, list[LaunchConfig]] = {}
+        for s in which:
+            cands = op.tuning_candidates(s.kernel, s.rows, s.cols, s.red, s.dtype, sm_count, prune=prune)
+            seed = op.SEED_CLASSES.get(s.act_class)
+            seeded = finalists.get(s.key.replace(f":{s.act_class}:", f":{seed}:")) if halving and seed else None
+            if seeded is not None:  # the seeding class's finalists: here, its first candidates
+                cands = list(dict.fromkeys([cands[0], *seeded, cands[-1]]))
+            finalists[s.key] = cands[: op.FINALISTS]
+            new = set().union(*(compile_keys(s, c) for c in cands)) - compiles
+            compiles |= new
+            quick = len(cands) if halving and len(cands) > op.FINALISTS + 1 else 0
+            full = min(len(cands), op.FINALISTS + 1) if quick else len(cands)
+            totals["candidates"] += len(cands)
+            totals["quick"] += quick
+            totals["full"] += full
+            totals["executions"] += quick * quick_runs + full * full_runs
+            m, n, k = s.mnk
+            rows.append({"key": s.key, "M": m, "N": n, "K": k, "candidates": len(cands), "new_compiles": len(new)})
+        totals["compiles"] = len(compiles)
+        return totals, rows
+
+    before, _ = count(before_shapes, prune=False, halving=False)
+    now, rows = count(now_shapes, prune=True, halving=True)
+    return {"sm_count": sm_count, "kernel_launch_shapes": len(shapes), "before": before, "now": now, "rows": rows}
+
+
+def print_dry_run(result: dict[str, Any]) -> None:
+    for r in result["rows"]:
+        print(f"{r['key']:42s} M={r['M']:5d} N={r['N']:5d} K={r['K']:5d}  {r['candidates']:3d} candidates, "
+              f"{r['new_compiles']:3d} new compilations")  # fmt: skip
+    b, n = result["before"], result["now"]
+    print(f"\n{result['sm_count']} SMs; counts before -> now:")
+    for name, what in (
+        ("shapes", "shapes tuned (before: every exact shape; now: one per shape class)"),
+        ("candidates", "candidates"),
+        ("compiles", "distinct Triton compilations (estimate; now compiled ahead on a thread pool)"),
+        ("full", f"full timings ({op.FULL_TIMING[0]} calls x {op.FULL_TIMING[1]} replays)"),
+        ("quick", f"quick timings ({op.QUICK_TIMING[0]} calls x {op.QUICK_TIMING[1]} replays)"),
+        ("executions", "kernel executions while timing"),
+    ):
+        ratio = f"  ({n[name] / b[name]:.2f}x)" if b[name] else ""
+        print(f"  {b[name]:7d} -> {n[name]:7d}{ratio}  {what}")
+
+
+# ------------------------------------------------------------------- the tuner
 
 
 def tune(
-    batches: Sequence[int], widths: Sequence[int], dtypes: Sequence[torch.dtype], save: Any = None, log: bool = True
-) -> dict[str, dict]:
-    """Best tile per shape class; where several shapes share a class, the costliest
-    shape's choice stands. `save(table)` is called after every shape, so a run stopped
-    by a time limit keeps what it measured."""
+    shapes: Sequence[KernelShape], cache_dir: str, save: Any = None, log: bool = True
+) -> tuple[dict[str, dict], dict[str, Any]]:
+    """Tune one shape per class with first-use tuning's own tuner into a fresh cache
+    at `cache_dir`; returns the entries (the table) and the tuner's counts. `save(table)`
+    is called after every shape, so a run stopped by a time limit keeps what it measured."""
     torch.set_float32_matmul_precision("highest")
-    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    table: dict[str, dict] = {}
-    for dtype in dtypes:
-        for m, n, k in layer_shapes(batches, widths):
-            for kernel, rows, cols in (("fwd", m, n), ("dw", n, k), ("dx", m, k)):
-                if kernel == "dx" and k == 75:
-                    continue  # the first layer needs no input gradient
-                key = shape_key(kernel, rows, cols, dtype)
-                red = {"fwd": k, "dw": m, "dx": n}[kernel]
-                best, heuristic = None, None
-                # candidate 0 is the heuristic's tile; split-K and cuBLAS come last
-                for i, cfg in enumerate(op.tuning_candidates(kernel, rows, cols, red, dtype, sm_count)):
-                    try:
-                        ms = time_kernel(kernel, m, n, k, dtype, cfg)
-                    except Exception:  # a tile too large for shared memory on this GPU
-                        continue
-                    heuristic = ms if i == 0 else heuristic
-                    if best is None or ms < best[0]:
-                        best = (ms, cfg)
-                if best is not None and (key not in table or best[0] > table[key]["ms"]):
-                    table[key] = {"ms": best[0], "heuristic_ms": heuristic, "config": asdict(best[1]), "shape": [m, n, k]}
-                    if save is not None:
-                        save(table)
-                if log and best is not None:
-                    versus = f"{heuristic * 1000:8.1f} us" if heuristic is not None else "  failed"
-                    print(f"{key:28s} M={m:5d} N={n:5d} K={k:5d}  best {best[0] * 1000:8.1f} us  heuristic {versus}  {best[1].describe()}", flush=True)
-    return table
+    device = torch.device("cuda", torch.cuda.current_device())
+
+    def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):  # type: ignore[no-untyped-def]
+        calls, replays = op.QUICK_TIMING if quick else TABLE_TIMING
+        return op.time_launch(kernel, m, n, k, dtype, cfg, device, calls, replays, activation=activation)
+
+    launches = op._Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure, prepare=op.precompile)
+    gpu = launches.model(device)
+    for s in unique_classes(shapes):
+        launches.tune(s.kernel, s.rows, s.cols, s.red, s.dtype, device, measure, s.precision, s.act_class)
+        if save is not None:
+            save(launches.cache(gpu).entries())
+    return dict(launches.cache(gpu).entries()), {**launches.tuning_counts, "seconds": round(launches.tuning_seconds, 1)}
 
 
 def write_table(path: str, gpu: str, measured: dict[str, dict]) -> None:
@@ -96,9 +251,12 @@ def write_table(path: str, gpu: str, measured: dict[str, dict]) -> None:
     except (OSError, json.JSONDecodeError):
         tables = {}
     tables[gpu] = {
+        "key_format": op.KEY_FORMAT,
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
-        "timing": "CUDA-graph replay, median ms per call (linear_act.replay_ms)",
+        "timing": f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
+        f"{op.QUICK_TIMING[0]} calls x {op.QUICK_TIMING[1]} replays, the fastest {op.FINALISTS} and the "
+        f"heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
         "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
         "evidence": {key: {k: v for k, v in entry.items() if k != "config"} for key, entry in sorted(measured.items())},
     }
@@ -123,7 +281,7 @@ def read_measured(path: str) -> dict[str, dict[str, dict]]:
 
 def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
     """Several runs' entries for one GPU as one: where two runs measured the same shape
-    class, the costlier shape's choice stands, as within one run."""
+    class, the costlier shape's choice stands."""
     merged: dict[str, dict] = {}
     for measured in parts:
         for key, entry in measured.items():
@@ -135,10 +293,14 @@ def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(op.TABLE_PATH))
-    parser.add_argument("--batches", type=int, nargs="+", default=[64, 128, 256, 512, 4096])
-    parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES))
+    parser.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS))
+    parser.add_argument("--experiments", action="store_true",
+                        help="only the batch x width pairs the five experiments train (what first-use tuning covers)")  # fmt: skip
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--merge", nargs="+", metavar="TABLE", help="merge these table files into --out; measures nothing")
+    parser.add_argument("--dry-run", action="store_true", help="list shapes and count candidates and compilations; no GPU")
+    parser.add_argument("--sm-count", type=int, default=None, help=f"for --dry-run (default: this GPU's, else {H100_SMS})")
     args = parser.parse_args(argv)
     if args.merge:
         try:
@@ -150,6 +312,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_table(args.out, gpu, merge_measured([run[gpu] for run in runs if gpu in run]))
         print(f"merged {len(args.merge)} tables -> {args.out}")
         return 0
+    if args.experiments:
+        from kernels.bench_cells import experiment_pairs
+
+        pairs = experiment_pairs(args.batches, args.widths)
+    else:
+        pairs = [(b, w) for b in args.batches for w in args.widths]
+    shapes = kernel_shapes(pairs, [getattr(torch, d) for d in args.dtypes])
+    if args.dry_run:
+        sms = args.sm_count or (
+            torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else H100_SMS
+        )
+        print(f"{len(pairs)} batch x width pairs: {' '.join(f'{b}x{w}' for b, w in pairs)}")
+        print_dry_run(dry_run(shapes, sms))
+        return 0
     if not torch.cuda.is_available():
         print("kernels.tune: needs a CUDA GPU (the table holds timings of the GPU it ran on)", file=sys.stderr)
         return 2
@@ -159,9 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def save(measured: dict[str, dict]) -> None:
         write_table(args.out, name, measured)
 
-    measured = tune(args.batches, args.widths, [getattr(torch, d) for d in args.dtypes], save)
+    with tempfile.TemporaryDirectory(prefix="loadbench-tune-") as cache:
+        measured, counts = tune(shapes, cache, save)
     save(measured)
-    print(f"{len(measured)} shape classes for {name} in {time.perf_counter() - start:.0f} s -> {args.out}")
+    print(f"{len(measured)} shape classes for {name} in {time.perf_counter() - start:.0f} s -> {args.out}; {counts}")
     return 0
 
 

@@ -12,11 +12,15 @@ platform's cache directory (Linux: $XDG_CACHE_HOME or ~/.cache; macOS:
 What: entries are grouped by `cache_key(gpu, triton, torch)`: a tile measured on one
 GPU model with one Triton and torch build says nothing about another (a new Triton
 compiles the same tile differently), so a version change re-tunes instead of trusting
-stale numbers. Inside a group, entries are keyed by the kernel's shape key.
+stale numbers. Inside a group, entries are keyed by `linear_act.shape_key`: kernel,
+dtype, the dot's precision (strict fp32 runs 'tf32x3' or 'ieee', TF32 'tf32'; 16-bit
+'ieee'), activation class ('pointwise', 'silu', 'identity') and the shape class. Keys
+written before the precision and the activation class were in them ('dw:float32:512:
+512:512') stay in the file and are simply never matched: such a shape is tuned again.
 
     {"format": 1,
      "groups": {"NVIDIA H100 80GB HBM3 | triton 3.6.0 | torch 2.11.0+cu130":
-                  {"dw:float32:512:512:512": {"config": {...}, "ms": ..., ...}}}}
+                  {"dw:float32:tf32x3:pointwise:512:512:512": {"config": {...}, "ms": ..., ...}}}}
 
 Writes are atomic and merge: take the lock file (fcntl.flock, where the platform has
 it), re-read the file, add the entry, write a temporary file beside it and os.replace
@@ -27,7 +31,7 @@ cache is never a reason to fail a run.
 
 LOADBENCH_TUNE picks the policy (`tune_mode_from_env`): 'off' (committed table, then
 the heuristic), 'cache' (the default: table, then this cache, else tune and store),
-'always' (re-tune every shape once per process and store the result).
+'always' (re-tune every shape class once per process and store the result).
 """
 
 from __future__ import annotations

@@ -217,8 +217,28 @@ def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
 def test_shape_classes_round_up_to_powers_of_two() -> None:
     from kernels.linear_act import shape_key
 
-    assert shape_key("fwd", 512, 10, torch.float32) == "fwd:float32:512:16"
-    assert shape_key("dw", 2048, 75, torch.bfloat16) == "dw:bfloat16:2048:128"
+    assert shape_key("fwd", 512, 10, 2048, torch.float32, "tf32x3", "identity") == "fwd:float32:tf32x3:identity:512:16:2048"
+    assert shape_key("dw", 2048, 75, 64, torch.bfloat16, "ieee", "silu") == "dw:bfloat16:ieee:silu:2048:128:64"
+
+
+def test_the_key_names_what_changes_the_measured_kernel(monkeypatch) -> None:
+    """The strict-fp32 mode and TF32 run different dots; silu stores and re-reads its
+    pre-activation; relu, tanh and sigmoid share leaky_relu's class."""
+    from kernels import linear_act as op
+
+    torch.set_float32_matmul_precision("highest")
+    keys = {}
+    for mode in ("tf32x3", "ieee"):
+        monkeypatch.setattr(op, "STRICT_FP32", mode)
+        keys[mode] = op.shape_key("fwd", 64, 64, 64, torch.float32, op._precision(torch.float32), "pointwise")
+    torch.set_float32_matmul_precision("high")
+    try:
+        keys["tf32"] = op.shape_key("fwd", 64, 64, 64, torch.float32, op._precision(torch.float32), "pointwise")
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert len(set(keys.values())) == 3 and all(f":{mode}:" in key for mode, key in keys.items())
+    assert {op.activation_class(a) for a in ("relu", "leaky_relu", "tanh", "sigmoid")} == {"pointwise"}
+    assert op.activation_class("silu") == "silu" and op.activation_class(ACTIVATIONS["identity"]) == "identity"
 
 
 def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
@@ -336,12 +356,14 @@ def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launche
     assert ours_err <= torch_err, (ours_err, torch_err)
 
 
-def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, dtype=torch.float32) -> dict:
+def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, activation: str, dtype=torch.float32) -> dict:
     """A committed-table stand-in for this CPU, one entry per kernel of the layer."""
-    from kernels.linear_act import shape_key
+    from kernels import linear_act as op
 
-    out = {"fwd": (m, n), "dw": (n, k), "dx": (m, k)}
-    return {"cpu": {"configs": {shape_key(kn, *out[kn], dtype): dataclasses.asdict(c) for kn, c in routes.items()}}}
+    out = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}
+    prec, cls = op._precision(dtype), op.activation_class(activation)
+    configs = {op.shape_key(kn, *out[kn], dtype, prec, cls): dataclasses.asdict(c) for kn, c in routes.items()}
+    return {"cpu": {"key_format": op.KEY_FORMAT, "configs": configs}}
 
 
 CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
@@ -351,7 +373,7 @@ CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
 def test_cublas_route_matches_torch(launches, activation) -> None:
     """torch.mm plus our epilogue (bias + activation) and prologue (dZ, db) kernels."""
     torch.set_float32_matmul_precision("highest")
-    launches.reset_launch_state(mode="off", tables=table_for({"fwd": CUBLAS, "dw": CUBLAS, "dx": CUBLAS}, 48, 40, 33))
+    launches.reset_launch_state(mode="off", tables=table_for({"fwd": CUBLAS, "dw": CUBLAS, "dx": CUBLAS}, 48, 40, 33, activation))
     check_against_float64(48, 40, 33, activation, torch.float32)
     report = launches.launch_report()
     assert {e["kernel"]: (e["source"], e["route"]) for e in report} == {
@@ -366,7 +388,7 @@ def test_cublas_route_matches_torch(launches, activation) -> None:
 ], ids=["dw-cublas", "dx-cublas", "fwd-cublas-dw-split"])  # fmt: skip
 def test_mixed_routes_match_torch(launches, routes) -> None:
     torch.set_float32_matmul_precision("highest")
-    launches.reset_launch_state(mode="off", tables=table_for(routes, 70, 40, 36))
+    launches.reset_launch_state(mode="off", tables=table_for(routes, 70, 40, 36, "silu"))
     check_against_float64(70, 40, 36, "silu", torch.float32)
     got = {e["kernel"]: e["route"] for e in launches.launch_report()}
     for kernel, cfg in routes.items():

@@ -64,13 +64,22 @@ class FakeMeasure:
         self.wins = wins
         self.calls: list[tuple[str, LaunchConfig]] = []
 
-    def __call__(self, kernel, m, n, k, dtype, cfg, device):
+    def __call__(self, kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
         self.calls.append((kernel, cfg))
         return 1.0 if self.wins(kernel, cfg) else 2.0
 
 
-def refuse(*args):
+def refuse(*args, **kwargs):
     raise AssertionError("nothing should be tuned here")
+
+
+def key(kernel, rows, cols, red, act_class="pointwise", dtype=torch.float32):
+    """The shape class at the current float32 precision."""
+    return op.shape_key(kernel, rows, cols, red, dtype, op._precision(dtype), act_class)
+
+
+def table(configs: dict) -> dict:
+    return {"cpu": {"key_format": op.KEY_FORMAT, "configs": configs}}
 
 
 # ------------------------------------------------------------------ the mode
@@ -180,7 +189,7 @@ def test_tuned_on_first_use_stored_and_reused_by_a_later_run(tmp_path, capsys) -
     expected = train_step(*layer())
     assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"}
     assert [e["route"] for e in op.launch_report() if e["kernel"] == "dw"] == ["triton split-K 2"]
-    assert "loadbench: tuning dw:float32:32:32:64" in capsys.readouterr().err  # the progress line
+    assert f"loadbench: tuning {key('dw', N, K, M)}" in capsys.readouterr().err  # the progress line
     tuned = len(measure.calls)
     train_step(*layer())  # the same process: planned once, never tuned again
     assert len(measure.calls) == tuned
@@ -204,8 +213,8 @@ def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -
         ran.append("x")
         return float(len(ran))  # the first candidate (the heuristic's) wins: nothing timed
 
-    def measure(kernel, m, n, k, dtype, cfg, device):
-        return op.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer)
+    def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
+        return op.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer, activation=activation)
 
     op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, sm_count=4)
     x, w, b = layer()
@@ -224,9 +233,8 @@ def test_the_committed_table_wins_over_the_cache(tmp_path) -> None:
     table_cfg, cached_cfg = LaunchConfig(16, 16, 16, 4, 3), LaunchConfig(32, 32, 32, 4, 3)
     store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
     for kernel, rows, cols, red in (("fwd", M, N, K), ("dw", N, K, M)):
-        store.put(op.tuned_key(kernel, rows, cols, red, torch.float32), {"config": asdict(cached_cfg)})
-    table = {"cpu": {"configs": {op.shape_key("fwd", M, N, torch.float32): asdict(table_cfg)}}}
-    op.reset_launch_state(cache_dir=cache, tables=table, measure=refuse)
+        store.put(key(kernel, rows, cols, red), {"config": asdict(cached_cfg)})
+    op.reset_launch_state(cache_dir=cache, tables=table({key("fwd", M, N, K): asdict(table_cfg)}), measure=refuse)
     train_step(*layer())
     report = {e["kernel"]: e for e in op.launch_report()}
     assert report["fwd"]["source"] == "table" and report["fwd"]["config"] == asdict(table_cfg)
@@ -236,18 +244,16 @@ def test_the_committed_table_wins_over_the_cache(tmp_path) -> None:
 def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
-    store.put(op.tuned_key("dw", N, K, M, torch.float32), {"config": CONFIG})
-    table = {"cpu": {"configs": {op.shape_key("fwd", M, N, torch.float32): CONFIG}}}
-    op.reset_launch_state(mode="off", cache_dir=cache, tables=table, measure=refuse)
+    store.put(key("dw", N, K, M), {"config": CONFIG})
+    op.reset_launch_state(mode="off", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=refuse)
     train_step(*layer())
     assert sources() == {"fwd": "table", "dw": "heuristic", "dx": "heuristic"}
 
 
 def test_always_re_tunes_over_table_and_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
-    table = {"cpu": {"configs": {op.shape_key("fwd", M, N, torch.float32): CONFIG}}}
     measure = FakeMeasure(lambda kernel, cfg: cfg.block_r == 32 and cfg.block_c == 32 and cfg.block_red == 32)
-    op.reset_launch_state(mode="always", cache_dir=cache, tables=table, measure=measure)
+    op.reset_launch_state(mode="always", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=measure)
     train_step(*layer())
     assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"}
     assert all(e["config"]["block_r"] == 32 for e in op.launch_report())
@@ -278,7 +284,7 @@ def test_tracing_never_tunes(tmp_path) -> None:
         # what the op's body asks while torch.compile traces it (through the interpreter
         # the body would go on to run its kernels on the fake tensors, so plan alone)
         x = mode.from_tensor(layer()[0])
-        plan = op._plan("fwd", M, N, K, x)
+        plan = op._plan("fwd", M, N, K, x, "tf32x3", "pointwise")
     assert plan.cfg == op.heuristic_config(M, N, K, torch.float32) and not op._PLANS  # asked again next call
     (entry,) = op.launch_report()
     assert entry["source"] == "heuristic" and "torch.compile tracing" in entry["note"]
@@ -287,7 +293,7 @@ def test_tracing_never_tunes(tmp_path) -> None:
 def test_a_bad_cached_config_is_re_tuned_with_a_warning(tmp_path) -> None:
     cache = tmp_path / "cache"
     store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
-    store.put(op.tuned_key("fwd", M, N, K, torch.float32), {"config": {**CONFIG, "block_r": 24}})
+    store.put(key("fwd", M, N, K, "pointwise"), {"config": {**CONFIG, "block_r": 24}})
     op.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
     with pytest.warns(UserWarning, match="powers of two"):
         linear_act(*layer(), "relu")
@@ -306,7 +312,7 @@ def test_an_unwritable_cache_keeps_the_tile_for_the_process(tmp_path, monkeypatc
 
 
 def test_a_candidate_that_fails_is_skipped(tmp_path) -> None:
-    def measure(kernel, m, n, k, dtype, cfg, device):
+    def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
         if cfg.block_r == 64:  # the heuristic's tile among them
             raise RuntimeError("out of shared memory")
         return 1.0 if cfg.block_red == 16 else 2.0
@@ -340,3 +346,220 @@ def test_experiment_shapes_match_the_suite() -> None:
     assert bench_cells.CENTRE == (TrainConfig.OPTIMAL.batch_size, TrainConfig.OPTIMAL.width)
     assert bench_cells.DEPTH == TrainConfig.OPTIMAL.depth
 
+
+
+# -------------------------------------------------- what the key holds (format 2)
+
+
+def test_a_tile_tuned_in_one_strict_fp32_mode_is_not_reused_in_the_other(tmp_path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(op, "STRICT_FP32", "ieee")
+    op.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
+    linear_act(*layer(), "relu")
+    monkeypatch.setattr(op, "STRICT_FP32", "tf32x3")
+    measure = FakeMeasure()
+    op.reset_launch_state(cache_dir=cache, measure=measure)
+    linear_act(*layer(), "relu")
+    (entry,) = op.launch_report()
+    assert entry["source"] == "tuned" and entry["precision"] == "tf32x3" and measure.calls
+    stored = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__)).entries()
+    assert {e["precision"] for e in stored.values()} == {"ieee", "tf32x3"}
+
+
+def test_silu_is_tuned_apart_from_its_finalists_and_relu_shares_leaky_relus_class(tmp_path) -> None:
+    measure = FakeMeasure()
+    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    x, w, b = layer()
+    linear_act(x, w, b, "leaky_relu")
+    pointwise = len(measure.calls)
+    linear_act(x, w, b, "relu")  # the same class: no tuning
+    assert len(measure.calls) == pointwise
+    linear_act(x, w, b, "silu")
+    silu = [cfg for _, cfg in measure.calls[pointwise:]]
+    assert silu and len(set(silu)) <= op.FINALISTS + 2  # heuristic, the finalists, cuBLAS
+    report = {e["activation"]: e for e in op.launch_report()}
+    assert report["silu"]["source"] == "tuned" and report["silu"]["key"].count(":silu:") == 1
+    stored = op._state().cache("cpu").get(report["silu"]["key"])
+    assert stored["seeded_from"] == "pointwise" and stored["timed_with"] == "silu"
+
+
+def test_an_old_cache_file_is_read_and_its_entries_not_reused(tmp_path) -> None:
+    """Format-1 entries (keyed without precision and activation class) stay in the file,
+    are never matched, and the shape is tuned anew beside them: no crash, no warning."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    group = cache_key("cpu", op.triton.__version__, torch.__version__)
+    old = {"fwd:float32:64:32:32": {"config": CONFIG, "ms": 0.01}}
+    (cache / tuning_cache.FILE_NAME).write_text(json.dumps({"format": 1, "groups": {group: old}}))
+    op.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        linear_act(*layer(), "relu")
+    assert sources() == {"fwd": "tuned"}
+    stored = TuningCache(cache, group).entries()
+    assert "fwd:float32:64:32:32" in stored and key("fwd", M, N, K) in stored
+
+
+def test_a_table_keyed_in_the_old_format_is_not_used_and_says_so(tmp_path) -> None:
+    legacy = {"cpu": {"configs": {"fwd:float32:64:32": CONFIG}, "evidence": {}}}
+    op.reset_launch_state(mode="off", cache_dir=tmp_path / "cache", tables=legacy)
+    with pytest.warns(UserWarning, match="key format 1, not 2"):
+        linear_act(*layer(), "relu")
+    assert sources() == {"fwd": "heuristic"}
+
+
+# ----------------------------------------------------- what tuning costs
+
+
+def test_successive_halving_decides_on_the_full_timing(tmp_path) -> None:
+    """Every candidate timed quickly, the FINALISTS fastest and the heuristic's tile
+    fully; the winner is the fastest in the full timing, not the quick one."""
+    cands = op.tuning_candidates("fwd", 64, 64, 32, torch.float32, None)  # the forward of a 64 x 64 x 32 layer
+    quick_best, full_best = cands[3], cands[4]
+    calls: list[tuple[LaunchConfig, bool]] = []
+
+    def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
+        calls.append((cfg, quick))
+        order = {quick_best: 1.0, full_best: 1.1} if quick else {quick_best: 1.2, full_best: 0.9}
+        return order.get(cfg, 5.0 + len(cands) - cands.index(cfg))  # the heuristic's tile slowest
+
+    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    linear_act(*layer(m=64, n=64, k=32), "relu")
+    assert [c for c, q in calls if q] == cands
+    full = [c for c, q in calls if not q]
+    assert len(full) == op.FINALISTS + 1 and cands[0] in full and {quick_best, full_best} <= set(full)
+    (entry,) = op.launch_report()
+    assert LaunchConfig.from_dict(entry["config"]) == full_best
+    assert op.tuning_counts()["quick"] == len(cands) and op.tuning_counts()["full"] == len(full)
+
+
+def test_shapes_of_one_class_are_tuned_once_even_when_always(tmp_path) -> None:
+    measure = FakeMeasure()
+    op.reset_launch_state(mode="always", cache_dir=tmp_path / "cache", measure=measure)
+    x, w, b = layer(m=40)
+    linear_act(x, w, b, "relu")
+    tuned = len(measure.calls)
+    linear_act(*layer(m=36), "relu")  # 36 and 40 both round up to 64 rows
+    assert len(measure.calls) == tuned
+    assert [e["source"] for e in op.launch_report()] == ["tuned", "tuned"]
+
+
+def test_the_occupancy_rule_drops_only_tiles_that_leave_most_sms_idle() -> None:
+    full = op.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132, prune=False)
+    pruned = op.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132)
+    gone = set(full) - set(pruned)
+    assert gone and all(-(-512 // c.block_r) * -(-512 // c.block_c) < 33 for c in gone)
+    # a small output where no tile fills the GPU: nothing is dropped for occupancy
+    small = op.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132)
+    assert small == op.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132, prune=False)
+    # bf16: one reduction step, the one that fits
+    assert {c.block_red for c in op.tuning_candidates("dw", 512, 512, 512, torch.bfloat16, 132) if c.backend == "triton"} == {64}
+    assert {c.block_red for c in op.tuning_candidates("dx", 64, 128, 10, torch.bfloat16, 132)[1:-1]} == {32}
+
+
+def test_the_rules_keep_every_winner_the_format_1_table_measured() -> None:
+    """The committed format-1 table timed every candidate of its day: its winners must
+    survive the occupancy and reduction-step rules on the GPUs it was measured on (132
+    SMs each)."""
+    tables = json.loads(op.TABLE_PATH.read_text())
+    checked = 0
+    for group in tables.values():
+        if group.get("key_format", 1) != 1:
+            continue
+        for name, cfg in group["configs"].items():
+            kernel, dtype = name.split(":")[:2]
+            m, n, k = group["evidence"][name]["shape"]
+            rows, cols, red = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}[kernel]
+            won, args = LaunchConfig.from_dict(cfg), (kernel, rows, cols, red, getattr(torch, dtype), 132)
+            if won in op.tuning_candidates(*args, prune=False):  # (older lists held tiles no longer tried)
+                assert won in op.tuning_candidates(*args), name
+                checked += 1
+    if checked == 0:
+        pytest.skip("the committed table has no format-1 group left to check the rules against")
+
+
+def test_precompile_runs_the_launch_path_with_warmup_for_every_candidate(monkeypatch) -> None:
+    """Compiling ahead: each candidate's kernels are handed to Triton's warmup (no
+    launch) inside AsyncCompileMode; a CPU stand-in for both records what was asked."""
+    entered: list[object] = []
+
+    class FakeMode:
+        def __init__(self, executor, ignore_errors=False):
+            self.executor = executor
+
+        def __enter__(self):
+            entered.append(self.executor)
+
+        def __exit__(self, *exc):
+            return False
+
+    warmed: list[tuple[str, dict]] = []
+    monkeypatch.setattr(op.triton, "AsyncCompileMode", FakeMode, raising=False)
+    monkeypatch.setattr(op, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cfgs = op.tuning_candidates("dw", N, K, M, torch.float32, 4)
+    assert op.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
+    assert len(entered) == 1
+    tiles = {(kw["BLOCK_N"], kw["BLOCK_K"], kw["BLOCK_M"]) for name, kw in warmed if name == "_weight_grad_kernel"}
+    assert tiles == {(c.block_r, c.block_c, c.block_red) for c in cfgs if c.backend == "triton"}
+    assert not op._FORCED and not op._PLANS
+
+
+def test_precompile_does_nothing_under_the_interpreter() -> None:
+    cfgs = op.tuning_candidates("fwd", M, N, K, torch.float32, None)
+    assert op.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
+
+
+def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys) -> None:
+    from kernels import tune
+
+    assert tune.main(["--dry-run", "--experiments", "--sm-count", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "8 batch x width pairs" in out and "distinct Triton compilations" in out
+    assert "fwd:bfloat16:ieee:silu:512:512:512" in out and "fwd:float32:tf32x3:identity:512:16:512" in out
+    from kernels.bench_cells import experiment_pairs
+
+    result = tune.dry_run(tune.kernel_shapes(experiment_pairs(), [torch.float32, torch.bfloat16]), 132)
+    before, now = result["before"], result["now"]
+    assert now["candidates"] < 0.8 * before["candidates"] and now["full"] < 0.3 * before["full"]
+    assert now["executions"] < 0.4 * before["executions"] and now["compiles"] <= before["compiles"]
+
+
+# ---------------------------------------------------------- the eager path
+
+
+def _grads(fn, x, w, b, autocast=False):
+    x, w, b = (t.clone().requires_grad_() for t in (x, w, b))
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        y = fn(x, w, b)
+    y.float().pow(2).sum().backward()
+    return y, [y.detach(), x.grad, w.grad, b.grad]
+
+
+@pytest.mark.parametrize(("activation", "autocast"), [("silu", False), ("tanh", True)])
+def test_the_eager_path_skips_the_op_and_gives_the_same_bits(activation, autocast) -> None:
+    code = op.ACTIVATIONS[activation]
+    x, w, b = layer()
+    y, eager = _grads(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, autocast)
+    z, via_op = _grads(lambda x, w, b: op.linear_act_fwd(x, w, b, code)[0], x, w, b, autocast)
+    assert type(y.grad_fn).__name__ == "_EagerLinearActBackward" and "loadbench" in type(z.grad_fn).__name__
+    for a, c in zip(eager, via_op):
+        assert a.dtype == c.dtype and torch.equal(a, c)
+
+
+def test_the_eager_path_steps_aside_for_dispatch_modes_and_fake_tensors() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x, w, b = layer()
+    assert op._eager(x, w, b)
+    with Passthrough():
+        assert not op._eager(x, w, b)
+    with FakeTensorMode() as mode:
+        assert not op._eager(mode.from_tensor(x), w, b)
