@@ -53,7 +53,8 @@ class CellSummary:
             losing = [r for r in mine if r["losing"]]
             named = ", ".join(
                 f"{r['batch']}x{r['width']} {r['activation']} {r['speedup_vs_best']:.2f} of {r['best_baseline']}"
-                f" (tiles: {' '.join(f'{k} {v}' for k, v in sorted(r['tile_sources'].items()))})"
+                f" (tiles: {' '.join(f'{k} {v}' for k, v in sorted(r['tile_sources'].items()))};"
+                f" routes: {' '.join(f'{k} {v}' for k, v in sorted(r['tile_routes'].items())) or 'triton'})"
                 for r in losing
             )
             if mine:

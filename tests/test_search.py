@@ -312,3 +312,21 @@ def test_presets_map_onto_the_space_or_say_why_not() -> None:
 def test_the_module_runs_as_python_dash_m() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.search", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and "--max-accuracy-drop" in done.stdout and "--train-space" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_real_objective_on_the_smoke_profile(tmp_path) -> None:
+    """Trains the optimal configuration (smoke: 10% of the frames, 8 epochs) and serves it
+    fp32 and bf16 on the CPU: about 2 minutes on 2 cores, hence slow."""
+    space = tmp_path / "space.toml"
+    space.write_text('weights = ["fp32", "bf16"]\nsparsity = ["dense"]\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.search", "--trials", "2", "--profile", "smoke", "--device", "cpu",
+         "--space", str(space), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "models")],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert summary["counts"]["complete"] == 2
+    fp32 = next(r for r in summary["trials"] if r["preset"] == "fp32")
+    assert fp32["latency_kind"] == "eager" and fp32["accuracy_drop"] == 0 and fp32["values"]["p99_latency_s"] > 0

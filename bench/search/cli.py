@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Default: tpe")
     p.add_argument("--seed", type=int, default=0, help="sampler seed. Default: 0")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help="trained models are kept here. Default: the suite's model cache")
+                   help="trained models are kept here. Default: $LOADBENCH_MODEL_CACHE, else .benchmarks/trained-models "
+                        "(where the inference bench keeps them)")
     return p
 
 
@@ -101,9 +103,9 @@ def resolve_device(value: str) -> torch.device:
 
 
 def default_cache_dir() -> Path:
-    from kernels.tuning_cache import cache_dir
-
-    return cache_dir() / "models"
+    """Where `pytest bench/test_inference.py` keeps trained models by default, so the
+    search reuses them: $LOADBENCH_MODEL_CACHE, else .benchmarks/trained-models."""
+    return Path(os.environ.get("LOADBENCH_MODEL_CACHE") or Path(".benchmarks") / "trained-models")
 
 
 def gpu_model(device: torch.device) -> str:

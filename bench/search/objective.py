@@ -60,15 +60,11 @@ def choose_objectives(energy_why_not: str | None) -> tuple[tuple[Objective, Obje
 
 
 def energy_unavailable(device: torch.device) -> str | None:
-    """Why this device's energy counter cannot be read, or None where it can."""
-    from bench.monitor.sampler import GpuProbe
+    """Why this device's energy counter cannot be read, or None where it can (the
+    reader model.inference.measure itself uses)."""
+    from model.inference import nvml_energy
 
-    probe = GpuProbe.open(device)
-    if isinstance(probe, str):
-        return probe
-    if probe.energy_mj() is None:
-        return f"{probe.info.name} reports no total energy through NVML"
-    return None
+    return nvml_energy(device)[1]
 
 
 def p99_latency(record: dict[str, Any]) -> tuple[float, str]:
@@ -110,10 +106,15 @@ def _number(value: Any) -> bool:
 
 def real_evaluator(data: Any, device: torch.device, profile: str, cache_dir: Path, impl: str) -> Evaluator:
     """model.inference.evaluate on one dataset and device: train (or load the cached
-    model), compress, measure. Imported on use: the search's own tests inject a fake."""
+    model), compress, measure, with the NVML energy counter where there is one.
+    Imported on use: the search's own tests inject a fake."""
     from model.inference import evaluate
+    from model.inference import nvml_energy
+
+    energy_mj, _ = nvml_energy(device)
 
     def run(config: TrainConfig, compression: Compression) -> dict[str, Any]:
-        return evaluate(config, compression, data, device, profile=profile, cache_dir=cache_dir, impl=impl)
+        return evaluate(config, compression, data, device, profile=profile, cache_dir=cache_dir, impl=impl,
+                        energy_mj=energy_mj)  # fmt: skip
 
     return run
