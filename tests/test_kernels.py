@@ -455,3 +455,26 @@ def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
     graph.replay()
     assert torch.allclose(static_y, model(static_x), atol=1e-5)
     assert not any(e.get("note") for e in launches.launch_report())  # nothing fell back
+
+
+def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_path) -> None:
+    """kernels.tune writes the tuned entries, split-K and the cuBLAS route included, in
+    key format 2; a run reads them back as the table and launches those routes."""
+    import json
+
+    from kernels.tune import write_table
+
+    torch.set_float32_matmul_precision("highest")
+    op, f32, (m, k, n) = launches, torch.float32, (70, 40, 36)
+    prec, cls = op._precision(f32), op.activation_class("silu")
+    entries = {
+        op.shape_key("fwd", m, n, k, f32, prec, cls): {"config": dataclasses.asdict(CUBLAS), "ms": 0.01},
+        op.shape_key("dw", n, k, m, f32, prec, cls): {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},
+    }
+    write_table(str(tmp_path / "table.json"), "cpu", entries)
+    written = json.loads((tmp_path / "table.json").read_text())
+    assert written["cpu"]["key_format"] == op.KEY_FORMAT
+    op.reset_launch_state(mode="off", tables=written)
+    check_against_float64(m, k, n, "silu", f32)
+    got = {e["kernel"]: (e["source"], e["route"]) for e in op.launch_report()}
+    assert got == {"fwd": ("table", "cublas+epilogue"), "dw": ("table", "triton split-K 2"), "dx": ("heuristic", "triton")}
