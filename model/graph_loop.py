@@ -6,7 +6,7 @@ and the permutation buffer stay where they are: each epoch refills the permutati
 in place (outside the graph, asynchronously) and replays.
 
 - whole epoch (``loop='graph'``): every step of the epoch, the last partial batch
-  included, unrolled into one graph; one replay per epoch.
+  included, unrolled into graphs of STEPS_PER_GRAPH steps; one replay of each per epoch.
 - per step (``loop='step-graph'``): one graph for a full batch and one for the
   partial batch, each reading its batch indices from a static buffer; one replay per
   step.
@@ -28,6 +28,11 @@ from collections.abc import Callable
 import torch
 
 WARMUP_STEPS = 3
+# Whole-epoch mode captures the epoch as consecutive graphs of at most this many steps,
+# replayed back to back: the GPU starts on the first while the host launches the next.
+# H100, fp32, 3x512, GPU time per epoch, one graph -> graphs of 40-160 steps: batch 512
+# 35.66 -> 35.09-35.21 ms, batch 64 198.9 -> 195.6-196.5 ms (launches overlap the work).
+STEPS_PER_GRAPH = 64
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, y) -> the batch's mean loss
 
 
@@ -48,6 +53,7 @@ class GraphEpoch:
         self.step, self.model, self.optimizer = step, model, optimizer
         self.x, self.y, self.generator = x, y, generator
         self.whole_epoch = whole_epoch
+        self.steps_per_graph = STEPS_PER_GRAPH
         self.device = x.device
         self.n = len(y)
         self.batch = min(batch_size, self.n)
@@ -56,16 +62,16 @@ class GraphEpoch:
         self.index = torch.zeros(self.batch, dtype=torch.long, device=self.device)  # per-step mode
         self.total = torch.zeros((), device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> graph (per-step mode)
-        self.epoch_graph: torch.cuda.CUDAGraph | None = None
+        self.epoch_graphs: list[torch.cuda.CUDAGraph] = []  # whole-epoch mode, in step order
 
     def __call__(self) -> float:
         self.perm.copy_(torch.randperm(self.n, device=self.device, generator=self.generator))
-        if self.epoch_graph is None and not self.graphs:
+        if not self.epoch_graphs and not self.graphs:
             self._warm_up()
             self._capture()
         if self.whole_epoch:
-            assert self.epoch_graph is not None
-            self.epoch_graph.replay()
+            for graph in self.epoch_graphs:
+                graph.replay()
         else:
             self.total.zero_()
             for start in range(0, self.n, self.batch):
@@ -103,11 +109,17 @@ class GraphEpoch:
     def _capture(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         if self.whole_epoch:
-            self.epoch_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.epoch_graph):
-                self.total.zero_()
-                for start in range(0, self.n, self.batch):
-                    self._step_at(self.perm[start : start + self.batch])
+            starts = range(0, self.n, self.batch)
+            pool = None
+            for first in range(0, len(starts), self.steps_per_graph):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    if first == 0:
+                        self.total.zero_()
+                    for start in starts[first : first + self.steps_per_graph]:
+                        self._step_at(self.perm[start : start + self.batch])
+                pool = graph.pool()
+                self.epoch_graphs.append(graph)
             return
         sizes = {self.batch} | ({self.n % self.batch} if self.n % self.batch else set())
         pool = None
