@@ -243,7 +243,8 @@ def inference_figure(records: list[dict[str, Any]]) -> Figure:
     variant; each panel's Pareto front in red, its points labelled."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     variants = list(dict.fromkeys(str(r.get("variant", "?")) for r in records))
-    colours = {v: _colour(i, len(variants)) for i, v in enumerate(variants)}
+    palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (6, 7)]  # red is the front's
+    colours = {v: palette[i % len(palette)] for i, v in enumerate(variants)}
     drawn = []
     for ax, (key, (label, scale, missing)) in zip(axes, INFERENCE_COSTS.items()):
         usable = [r for r in records if _finite(_inference_cost(r, key)) and _finite(r.get("accuracy"))]

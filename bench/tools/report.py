@@ -3,9 +3,13 @@
     python -m bench.tools.report                       # every run in .benchmarks
     python -m bench.tools.report --storage DIR --out reports/
     python -m bench.tools.report run1.json run2.json   # given run files
+    python -m bench.tools.report --search search/search.json   # with a search's front
 
 Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
-line per value, smoothed), ``pareto.png``, ``history.html`` (interactive, drawn by
+line per value, smoothed), ``pareto.png``, ``inference.png`` (accuracy against batch-1
+p99 latency and against energy per 1,000 inferences of the newest run holding serving
+records) and ``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
+``history.html`` (interactive, drawn by
 bench.tools.history with Plotly; self-contained: plotly.js embedded) and ``summary.md``
 (fit for a CI job summary). The tables, figures and Pareto view describe the newest
 run; the history covers every run read, one section per GPU model. Cases are listed
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
+import json
 import os
 import sys
 import tempfile
@@ -53,6 +58,7 @@ HISTORY_METRICS = tuple(METRICS)  # the history page's charts, in its order
 LOAD_METRICS = ("gpu_busy", "sm_activity")  # in extra_info['load']['normalized'], fractions; None: not measured
 NO_RUNS = "no mlp-loadbench runs with training cases"
 RUN_FIRST = "run `pytest bench/ --benchmark-autosave` first"
+SEARCH_FORMAT = "mlp-loadbench-search"  # bench.search.results.FORMAT: the report reads the file, not the package
 
 
 
@@ -226,16 +232,22 @@ def sections(runs: list[Run], budgets: Budgets) -> list[Section]:
 
 
 def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: Sequence[Path] = (),
-                 budgets_path: Path = DEFAULT_BUDGETS) -> tuple[list[Path], list[str]]:  # fmt: skip
+                 budgets_path: Path = DEFAULT_BUDGETS, searches: Sequence[Path] = ()) -> tuple[list[Path], list[str]]:  # fmt: skip
     runs, warnings = load_runs(paths)
-    warnings += [f"skipped {r.path}: a run with no training cases" for r in runs if not r.cases()]
+    serving = [r for r in runs if r.inference_records()]
+    warnings += [f"skipped {r.path}: a run with no training cases" for r in runs if not r.cases() and r not in serving]
     runs = [r for r in runs if r.cases()]
-    if not runs:
+    found = load_searches(searches, warnings)
+    if not runs and not serving and not found:
         raise ReportError(nothing_to_report(paths, warnings))
+    inference = inference_views(serving[-1] if serving else None, found)
+    written = [write_atomic(out / name, image) for name, image in inference.items()]
+    if not runs:  # serving records or searches only: their views are the report
+        return written, warnings
     budgets = Budgets.load(budgets_path)
     latest = runs[-1]
     roots = [*series_roots, latest.path.parent, latest.path.parent.parent]
-    written = [write_atomic(out / "tables.md", tables_markdown(latest))]
+    written.insert(0, write_atomic(out / "tables.md", tables_markdown(latest)))
     figures = experiment_figures(latest, window, roots, warnings)
     for experiment, image in figures.items():
         written.append(write_atomic(out / f"{experiment}.png", image))
@@ -250,9 +262,48 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     summary = latest_summary(history[0], len(runs), warnings)
     written.append(write_atomic(out / "summary.md", summary_markdown(summary)))
     if plotly:
-        page = history_page(history, summary, {"Pareto view (newest run)": pareto})
+        images = {"Pareto view (newest run)": pareto}
+        images.update({INFERENCE_TITLES.get(name, f"Search {name[7:-4]}"): image for name, image in inference.items()})
+        page = history_page(history, summary, images)
         written.append(write_atomic(out / "history.html", page))
     return written, warnings
+
+
+INFERENCE_TITLES = {"inference.png": "Inference view: accuracy against p99 latency and energy (newest run with serving cases)"}
+
+
+def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, Any]]:
+    """The search JSONs that can be read; "skipped PATH: REASON" for each other one."""
+    found = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            warnings.append(f"skipped {path}: no such file")
+            continue
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            warnings.append(f"skipped {path}: not a readable JSON file ({exc})")
+            continue
+        if not isinstance(data, dict) or data.get("format") != SEARCH_FORMAT:
+            warnings.append(f"skipped {path}: not a search result of python -m bench.search")
+            continue
+        found.append(data)
+    return found
+
+
+def inference_views(run: Run | None, searches: list[dict[str, Any]]) -> dict[str, bytes]:
+    """inference.png from a run's serving records, search-<study>.png per search; nothing
+    where there is neither (a training-only report has no inference view)."""
+    from bench.tools.figures import inference_figure
+    from bench.tools.figures import search_figure
+
+    out = {}
+    if run is not None:
+        out["inference.png"] = png(inference_figure(run.inference_records()))
+    for data in searches:
+        study = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(data.get("study") or "search"))
+        out[f"search-{study}.png"] = png(search_figure(data))
+    return out
 
 
 def nothing_to_report(paths: Sequence[Path], warnings: list[str]) -> str:
@@ -271,19 +322,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=50, choices=(50, 100), help="moving-average window. Default: 50")
     parser.add_argument("--series-root", type=Path, action="append", default=[], help="where series files were copied")
     parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, help="budgets that define a regression")
+    parser.add_argument("--search", type=Path, action="append", default=[], metavar="SEARCH.json",
+                        help="a search's result (python -m bench.search) for the inference view; repeatable")
     args = parser.parse_args(argv)
     paths = list(args.runs) or find_run_files(args.storage)
-    if not paths:
+    if not paths and not args.search:
         print(f"mlp-loadbench report: {NO_RUNS} in {args.storage}: no run files there; {RUN_FIRST}", file=sys.stderr)
         return 1
     try:
-        written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets)
+        written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets, args.search)
     except ReportError as exc:
         print(f"mlp-loadbench report: {exc}", file=sys.stderr)
         return 1
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print((args.out / "tables.md").read_text())
+    if (args.out / "tables.md") in written:
+        print((args.out / "tables.md").read_text())
     for path in written:
         print(f"wrote {path}")
     return 0

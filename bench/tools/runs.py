@@ -32,8 +32,19 @@ class Run:
     def cases(self) -> list[dict[str, Any]]:
         """Benchmarks that are training cases (they carry a case id and metrics), in the
         study's order whatever order the run file holds."""
-        cases = [b for b in self.benchmarks if "case" in b.get("extra_info", {}) and "accuracy" in b["extra_info"]]
+        cases = [b for b in self.benchmarks if "case" in b.get("extra_info", {}) and "accuracy" in b["extra_info"]
+                 and not is_inference(b["extra_info"])]  # fmt: skip
         return sorted(cases, key=lambda b: study_order(b["extra_info"]["case"]))
+
+    def inference_records(self) -> list[dict[str, Any]]:
+        """extra_info of the serving cases (bench/test_inference.py), in the study's order."""
+        records = [b["extra_info"] for b in self.benchmarks if is_inference(b.get("extra_info", {}))]
+        return sorted(records, key=lambda r: study_order(str(r.get("case", ""))))
+
+
+def is_inference(info: dict[str, Any]) -> bool:
+    """A serving record, not a training case: the report draws it in the inference view."""
+    return info.get("kind") == "inference"
 
 
 def find_run_files(storage: Path) -> list[Path]:

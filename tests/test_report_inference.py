@@ -1,0 +1,122 @@
+"""The report's inference views, from golden files: a run holding serving records
+(tests/data/inference-run.json, the shape bench/test_inference.py stores) and a search
+result (tests/data/search-small.json, written by python -m bench.search on a fake)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+from matplotlib.text import Text
+
+from bench.tools.figures import inference_figure
+from bench.tools.figures import record_p99
+from bench.tools.figures import search_figure
+from bench.tools.report import build_report
+from bench.tools.report import main as report_main
+from bench.tools.runs import load_runs
+
+DATA = Path(__file__).resolve().parent / "data"
+RUN = DATA / "inference-run.json"
+SEARCH = DATA / "search-small.json"
+
+
+def texts(fig) -> list[str]:  # type: ignore[no-untyped-def]
+    return [t.get_text() for ax in fig.axes for t in ax.findobj(Text)]
+
+
+def test_serving_records_are_not_training_cases() -> None:
+    (run,), warnings = load_runs([RUN])
+    assert not warnings and run.cases() == []
+    records = run.inference_records()
+    assert len(records) == 12 and [r["case"] for r in records[:4]] == ["blocks-3"] * 4  # study order
+
+
+def test_the_inference_view_marks_the_front_on_latency_and_energy() -> None:
+    (run,), _ = load_runs([RUN])
+    fig = inference_figure(run.inference_records())
+    latency_ax, energy_ax = fig.axes
+    assert latency_ax.get_xlabel() == "batch-1 p99 latency (µs)" and energy_ax.get_xlabel().startswith("energy per 1,000")
+    front = [line for line in latency_ax.get_lines() if line.get_label() == "Pareto front"]
+    xs = sorted(front[0].get_xdata())
+    # graph p99 where measured: units-128 int8-dynamic is the fastest point of the run
+    assert xs[0] == round(19e-6 * 0.7, 9) * 1e6
+    labels = [t.get_text() for t in latency_ax.texts]
+    assert "units-128 int8-dynamic torch" in labels and not any("prune-90" in t for t in labels)  # off the front
+    assert len(labels) == len(xs)  # only front points are labelled
+
+
+def test_an_inference_panel_without_energy_says_why() -> None:
+    (run,), _ = load_runs([RUN])
+    records = [dict(r, energy_j_per_1k=None, latency_graph_s=None) for r in run.inference_records()]
+    fig = inference_figure(records)
+    assert "no energy data: no GPU energy counter (NVML) on this run" in texts(fig)
+    assert record_p99(records[0]) == run.inference_records()[0]["latency_eager_s"]["p99"]  # eager where no graph
+
+
+def test_the_search_view_draws_objectives_front_and_presets() -> None:
+    summary = json.loads(SEARCH.read_text())
+    fig = search_figure(summary)
+    objectives, accuracy, energy = fig.axes
+    assert objectives.get_xlabel() == "batch-1 p99 latency (µs)"
+    assert objectives.get_ylabel().startswith("time per 1,000 inferences")
+    labels = [t.get_text() for t in objectives.texts]
+    assert "fp32" in labels and "prune-90" in labels  # presets labelled
+    front = [r for r in summary["trials"] if r["on_front"]]
+    assert all((r["preset"] or f"#{r['number']} {r['label']}") in labels for r in front)
+    shown = " ".join(" ".join(texts(fig)).split())  # the reason is wrapped to fit its panel
+    assert "no energy data in this search: no energy counter here (no NVML energy counter: device is cpu)" in shown
+
+
+def test_the_search_view_with_energy_draws_its_third_panel() -> None:
+    summary = copy.deepcopy(json.loads(SEARCH.read_text()))
+    for row in summary["trials"]:
+        if row["values"]:
+            row["energy_j_per_1k"] = row["values"]["time_per_1k_s"] * 1e3
+    fig = search_figure(summary)
+    assert fig.axes[2].get_xlabel() == "energy per 1,000 inferences (J)" and fig.axes[2].collections
+
+
+def test_a_search_without_measured_trials_says_so() -> None:
+    summary = json.loads(SEARCH.read_text())
+    summary["trials"] = [dict(r, values=None, state="pruned") for r in summary["trials"]]
+    assert texts(search_figure(summary)).count("no measured trial in this search") == 3
+
+
+def test_report_from_serving_records_and_a_search_alone(tmp_path, capsys) -> None:
+    out = tmp_path / "reports"
+    assert report_main([str(RUN), "--search", str(SEARCH), "--out", str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert names == {"inference.png", "search-golden.png"}  # no training cases: no tables or history
+    assert "skipped" not in capsys.readouterr().err
+
+
+def test_report_skips_a_bad_search_file_with_a_warning(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"benchmarks": []}))
+    written, warnings = build_report([RUN], tmp_path / "r", searches=[bad, tmp_path / "none.json"])
+    assert [p.name for p in written] == ["inference.png"]
+    assert f"skipped {bad}: not a search result of python -m bench.search" in warnings
+    assert f"skipped {tmp_path / 'none.json'}: no such file" in warnings
+
+
+def test_report_with_nothing_usable_still_says_why(tmp_path, capsys) -> None:
+    empty = tmp_path / "run.json"
+    data = json.loads(RUN.read_text())
+    data["benchmarks"] = []
+    empty.write_text(json.dumps(data))
+    assert report_main([str(empty), "--out", str(tmp_path / "r")]) == 1
+    assert "no training cases" in capsys.readouterr().err
+
+
+def test_training_and_serving_in_one_run_each_go_to_their_view(tmp_path) -> None:
+    """A run holding both: the serving records never reach the study's tables."""
+    data = json.loads(RUN.read_text())
+    training = shutil.copy(RUN, tmp_path / "mixed.json")
+    data["benchmarks"].append({"fullname": "t[blocks-3]", "name": "t", "stats": {"median": 1.0}, "extra_info": {
+        "case": "blocks-3", "experiment": "blocks", "accuracy": 0.75, "macro_f1": 0.72, "median_epoch_s": 0.04}})
+    Path(training).write_text(json.dumps(data))
+    (run,), _ = load_runs([Path(training)])
+    assert [b["extra_info"]["case"] for b in run.cases()] == ["blocks-3"] and len(run.inference_records()) == 12
