@@ -1,11 +1,26 @@
-"""Data-parallel training cases: throughput, weak and strong scaling, all-reduce share.
+"""Data-parallel training cases: strong and weak scaling against one GPU's graph loop.
 
-Each case launches torchrun with `world` ranks (NCCL, one GPU each; gloo on a CPU).
-Strong scaling keeps the global batch at 512; weak scaling keeps 512 per rank. The
-efficiency of a world size is measured against world size 1 of the same kind in the
-same session; the monitor watches every local GPU that takes part, and each GPU's load
-is summarized over rank 0's training window, not torchrun's start-up. The ranks train
-with the eager fast loop (DDP's hooks do not run inside our CUDA graphs).
+Each case launches torchrun with `world` ranks (NCCL, one GPU each; gloo on a CPU) and
+trains through one of two data-parallel loops (model/distributed.py):
+
+- ``graph``: the flat gradient buffer all-reduced once per step and the fused optimizer
+  kernel, one CUDA graph per epoch (model/dp_graph.py); eager on gloo.
+- ``ddp``: DistributedDataParallel on the eager fast loop, kept as the comparison.
+
+Scaling: strong at a global batch of 512 and 2048 (the batch split over the ranks),
+weak at 512 per rank. The question a user asks is whether more GPUs beat one GPU at
+its best, so every case is measured against the single-GPU graph loop (one process,
+model.train.Trainer with loop 'graph', the same configuration; global batch 512 for
+weak scaling), trained in this process once per session before the case's ranks
+start. Against that: ``speedup_vs_one_gpu`` and ``efficiency_vs_one_gpu`` (speed-up
+per GPU). Against world size 1 of the same data-parallel loop, in the same session:
+``efficiency_vs_world1``. An epoch is the whole training set at every world size, so
+every efficiency is the epoch-time speed-up divided by the world size.
+
+``allreduce_share`` is rank 0's all-reduce time over the epoch time in one profiled
+epoch after training (``allreduce_profile`` holds the figures). The monitor watches
+every local GPU that takes part; each GPU's load is summarized over rank 0's training
+window, not torchrun's start-up.
 """
 
 from __future__ import annotations
@@ -19,25 +34,43 @@ import torch
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import LoadMonitor
 from model.config import TrainConfig
+from model.data import load_dataset
 from model.distributed import launch
+from model.train import Trainer
 
 CUDA = torch.cuda.is_available()
 WORLDS = [w for w in (1, 2, 4, 8) if w <= torch.cuda.device_count()] if CUDA else [1, 2]
 WIDTHS = [512, 2048] if CUDA else [512]
-BATCH = 512
+PER_RANK = 512  # weak scaling's batch per rank
+# (scaling, batch): strong scaling's global batch, weak scaling's batch per rank. The
+# 2048-frame global batch is where strong scaling has work to split; a CPU run skips it.
+SCALINGS = [("strong", 512), ("strong", 2048), ("weak", PER_RANK)] if CUDA else [("strong", 512), ("weak", PER_RANK)]
+# On a CPU the flat loop's optimizer runs through Triton's interpreter (about 1 s per
+# step at width 512): there the graph cases check the code path on a narrow model.
+GRAPH_WIDTHS = WIDTHS if CUDA else [32]
+# DistributedDataParallel's eager loop is measured at the study's width only: it is
+# the comparison, not the subject.
+CASES = [
+    pytest.param(dp, width, scaling, batch, id=f"{dp}-units-{width}-{scaling}-{batch}")
+    for dp, widths in (("graph", GRAPH_WIDTHS), ("ddp", [512]))
+    for width in widths
+    for scaling, batch in SCALINGS
+    if dp == "graph" or batch == 512
+]
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"units-{w}")
-@pytest.mark.parametrize("scaling", ["strong", "weak"])
+@pytest.mark.parametrize(("dp", "width", "scaling", "batch"), CASES)
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"world-{w}")
-def test_data_parallel(benchmark, request, tmp_path: Path, world: int, scaling: str, width: int) -> None:
+def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, width: int, scaling: str, batch: int) -> None:
     session = request.config.pluginmanager.get_plugin("loadbench")
     options = session.options
     epochs = options.epochs if CUDA else min(options.epochs, 3)
-    config = TrainConfig(width=width, epochs=epochs, batch_size=BATCH * (world if scaling == "weak" else 1),
-                         precision=options.precision, loop="fast")  # fmt: skip
+    config = TrainConfig(width=width, epochs=epochs, batch_size=batch * (world if scaling == "weak" else 1),
+                         precision=options.precision, optimizer_impl=options.optimizer_impl,
+                         loop="graph" if dp == "graph" else "fast")  # fmt: skip
     scale = options.profile.scale if options.dataset == "synthetic" else 1.0
+    one_gpu = one_gpu_graph_loop(session, config.replace(batch_size=batch), options.dataset, scale)
     # children=True: the process figures cover torchrun and the ranks, where the work runs
     monitors = [LoadMonitor(torch.device(f"cuda:{i}") if CUDA else torch.device("cpu"), options.monitor_period, children=True)
                 for i in range(world if CUDA else 1)]  # fmt: skip
@@ -48,30 +81,54 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, scaling: 
             m.start()
         try:
             result.update(launch(config, world, source=options.dataset, scale=scale,
-                                 backend="nccl" if CUDA else "gloo", timeout_s=900 if CUDA else 300, workdir=tmp_path))  # fmt: skip
+                                 backend="nccl" if CUDA else "gloo", timeout_s=300, workdir=tmp_path))  # fmt: skip
         finally:
             for m in monitors:
                 m.stop()
 
-    benchmark.group = f"ddp-{scaling}-units-{width}"
+    benchmark.group = f"dp-{dp}-{scaling}-{batch}-units-{width}"
     benchmark.pedantic(run, rounds=1)
-    steady = result["epoch_seconds"][1:] or result["epoch_seconds"]
-    median = statistics.median(steady)
-    throughput = result["train_frames"] / median
-    key = (scaling, width)
-    base = session.shared.setdefault("ddp_world1", {})
+    median = steady_median(result["epoch_seconds"])
+    base = session.shared.setdefault("dp_world1", {})
+    key = (dp, scaling, batch, width)
     if world == 1:
         base[key] = median
-    # Per-epoch work is the whole training set either way, so both efficiencies are the
-    # epoch-time speedup over world size 1 divided by the world size: strong scaling
-    # splits each 512-batch, weak scaling keeps 512 per rank (half the steps at world 2).
-    efficiency = base[key] / median / world if key in base else None
+    speedup = one_gpu["median_epoch_s"] / median
     benchmark.extra_info.update(
-        world_size=world, scaling=scaling, width=width, global_batch=config.batch_size,
-        backend=result["backend"], median_epoch_s=median, samples_per_s=throughput,
-        scaling_efficiency=efficiency, allreduce_share=result["allreduce_share"],
+        world_size=world, data_parallel=result["data_parallel"], loop=result["loop"], scaling=scaling,
+        width=width, global_batch=config.batch_size, batch_per_rank=config.batch_size / world,
+        backend=result["backend"], optimizer_impl=result["optimizer_impl"],
+        median_epoch_s=median, samples_per_s=result["train_frames"] / median,
+        one_gpu_graph=one_gpu, speedup_vs_one_gpu=speedup, efficiency_vs_one_gpu=speedup / world,
+        efficiency_vs_world1=base[key] / median / world if key in base else None,
+        allreduce_share=result["allreduce_share"], allreduce_profile=result["allreduce_profile"],
         epoch_seconds=result["epoch_seconds"], accuracy=result["accuracy"], macro_f1=result["macro_f1"],
         # Rank 0's training window (every rank passes the same barriers), not torchrun's start-up.
-        load_per_gpu=[summarize_monitor(m, epochs + 2, window=tuple(result["train_window"])) for m in monitors],
+        load_per_gpu=[summarize_monitor(m, epochs + 1, window=tuple(result["train_window"])) for m in monitors],
     )  # fmt: skip
     assert result["accuracy"] > 0.1 and all(s > 0 for s in result["epoch_seconds"])
+
+
+def one_gpu_graph_loop(session, config: TrainConfig, dataset: str, scale: float) -> dict:
+    """The single-GPU graph loop on `config` (GPU 0, this process), once per session."""
+    cache = session.shared.setdefault("dp_one_gpu", {})
+    config = config.replace(loop="graph")
+    if config not in cache:
+        device = torch.device("cuda:0" if CUDA else "cpu")
+        trainer = Trainer(config, load_dataset(dataset, scale=scale, device=device, seed=config.seed))
+        trainer.fit()
+        cache[config] = {
+            "median_epoch_s": steady_median(trainer.epoch_seconds),
+            "loop": trainer.loop,  # 'fast' on a CPU, where no graph is captured
+            "optimizer_impl": trainer.optimizer_impl,
+            "batch_size": config.batch_size,
+        }
+        trainer.release()  # the ranks start from free memory on GPU 0
+        if CUDA:
+            torch.cuda.empty_cache()
+    return cache[config]
+
+
+def steady_median(epoch_seconds: list[float]) -> float:
+    """The median epoch past the first (capture, allocator growth, compilation)."""
+    return statistics.median(epoch_seconds[1:] or epoch_seconds)

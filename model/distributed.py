@@ -107,8 +107,11 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
     window_end = time.perf_counter()
     if rank != 0:
         return {}
-    # With one rank nothing is communicated: no share to report.
-    share = traced["allreduce_s"] / traced["epoch_s"] if world > 1 and traced["allreduce_calls"] else None
+    steps = math.ceil(n / config.batch_size)
+    # With one rank nothing is communicated: no share to report. Every step all-reduces at
+    # least once, so a profile with fewer calls missed some (a tracer blind to kernels
+    # replayed from a graph): no share rather than a wrong one.
+    share = traced["allreduce_s"] / traced["epoch_s"] if world > 1 and traced["allreduce_calls"] >= steps else None
     return {
         "world_size": world,
         "backend": dist.get_backend(),
@@ -118,7 +121,7 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         "epoch_seconds": seconds,
         "losses": losses,
         "allreduce_share": share,
-        "allreduce_profile": {**traced, "steps": math.ceil(n / config.batch_size)},
+        "allreduce_profile": {**traced, "steps": steps},
         "train_frames": n,
         "train_window": [window_begin, window_end],  # training and the profiled epoch
         **{k: metrics[k] for k in ("accuracy", "macro_f1", "weighted_f1", "confusion")},

@@ -97,7 +97,8 @@ def test_ddp_records_say_which_loop_ran(tmp_path) -> None:
     assert (record["data_parallel"], record["loop"]) == ("ddp", "fast")
     profile = record["allreduce_profile"]
     assert profile["allreduce_calls"] > 0 and profile["steps"] > 0
-    assert 0 < record["allreduce_share"] <= 1.5  # gloo's span can outlast the epoch's clock by its tail
+    # gloo's all-reduce spans overlap the backward pass and each other: a share, not a fraction of 1
+    assert record["allreduce_share"] > 0
 
 
 # ------------------------------------------------------- flat all-reduce loop
