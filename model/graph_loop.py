@@ -54,6 +54,9 @@ class GraphEpoch:
         self.x, self.y, self.generator = x, y, generator
         self.whole_epoch = whole_epoch
         self.steps_per_graph = STEPS_PER_GRAPH
+        # 'global' refuses, during capture, CUDA calls from any thread; a caller whose step
+        # has other threads polling the GPU (NCCL's watchdog) captures 'thread_local'.
+        self.capture_error_mode = "global"
         self.device = x.device
         self.n = len(y)
         self.batch = min(batch_size, self.n)
@@ -113,7 +116,7 @@ class GraphEpoch:
             pool = None
             for first in range(0, len(starts), self.steps_per_graph):
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode=self.capture_error_mode):
                     if first == 0:
                         self.total.zero_()
                     for start in starts[first : first + self.steps_per_graph]:
@@ -125,7 +128,7 @@ class GraphEpoch:
         pool = None
         for size in sorted(sizes, reverse=True):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode=self.capture_error_mode):
                 self._step_at(self.index[:size])
             pool = graph.pool()
             self.graphs[size] = graph
