@@ -120,7 +120,7 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
         pytest.skip("the cuBLAS comparison needs a GPU; the interpreter proves nothing about speed")
     from triton.testing import do_bench
 
-    from kernels.linear_act import launch_report
+    from kernels.launches import launch_report
     from kernels.linear_act import linear_act
 
     x = torch.randn(batch, 2048, device=device)

@@ -11,11 +11,11 @@ only the pairs the five experiments train, what first-use tuning must cover), ea
 kernel (forward, weight gradient, input gradient), dtype (fp32 at the strict-fp32 mode
 LOADBENCH_STRICT_FP32 picks, bf16) and activation class (the grid's leaky_relu for
 relu, leaky_relu, tanh and sigmoid; silu at 512 x 512, the act experiment's; identity
-for the head). Shapes that fall in one shape class (`linear_act.shape_key`) are tuned
+for the head). Shapes that fall in one shape class (`launch_plan.shape_key`) are tuned
 once.
 
-Tuning is first-use tuning's own (`linear_act._Launches.tune`): the candidates of
-`linear_act.tuning_candidates` (tiles that fit the output and pass the occupancy
+Tuning is first-use tuning's own (`launches._Launches.tune`): the candidates of
+`launch_plan.tuning_candidates` (tiles that fit the output and pass the occupancy
 rule, split-K for weight gradients that leave SMs idle, the cuBLAS route) compiled at
 once on a thread pool, each timed briefly from a CUDA graph, the fastest few timed
 again properly (here with more calls and replays than on first use: this table is
@@ -42,8 +42,10 @@ from typing import Any
 
 import torch
 
+from kernels import launch_plan
+from kernels import launches
 from kernels import linear_act as op
-from kernels.linear_act import LaunchConfig
+from kernels.launch_plan import LaunchConfig
 
 DEFAULT_BATCHES = (64, 128, 256, 512)
 DEFAULT_WIDTHS = (128, 256, 512, 1024, 2048)
@@ -56,7 +58,7 @@ TABLE_TIMING = (100, 20)
 
 def candidates(dtype: torch.dtype) -> list[LaunchConfig]:
     """The fused-kernel tiles (kept here for callers of the old name)."""
-    return op.candidates(dtype)
+    return launch_plan.candidates(dtype)
 
 
 def layer_shapes(batches: Sequence[int], widths: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -80,15 +82,15 @@ class KernelShape:
 
     @property
     def mnk(self) -> tuple[int, int, int]:
-        return op._mnk(self.kernel, self.rows, self.cols, self.red)
+        return launch_plan._mnk(self.kernel, self.rows, self.cols, self.red)
 
     @property
     def key(self) -> str:
-        return op.shape_key(self.kernel, self.rows, self.cols, self.red, self.dtype, self.precision, self.act_class)
+        return launch_plan.shape_key(self.kernel, self.rows, self.cols, self.red, self.dtype, self.precision, self.act_class)
 
 
 def _precision_of(dtype: torch.dtype) -> str:
-    return op.STRICT_FP32 if dtype == torch.float32 else "ieee"  # tuning runs fp32 at 'highest'
+    return launch_plan.STRICT_FP32 if dtype == torch.float32 else "ieee"  # tuning runs fp32 at 'highest'
 
 
 def kernel_shapes(
@@ -104,8 +106,8 @@ def kernel_shapes(
             sizes = [FEATURES] + [width] * DEPTH
             layers = [(batch, o, i, activation) for i, o in zip(sizes[:-1], sizes[1:])] + [(batch, CLASSES, width, "identity")]
             for m, n, k, act in layers:
-                for kernel, rows, cols, red in op.kernel_shapes(m, n, k, input_grad=k != FEATURES):
-                    out.append(KernelShape(kernel, rows, cols, red, dtype, _precision_of(dtype), op.activation_class(act)))
+                for kernel, rows, cols, red in launch_plan.kernel_shapes(m, n, k, input_grad=k != FEATURES):
+                    out.append(KernelShape(kernel, rows, cols, red, dtype, _precision_of(dtype), launch_plan.activation_class(act)))
     return out
 
 
@@ -140,8 +142,8 @@ def compile_keys(shape: KernelShape, cfg: LaunchConfig) -> set[tuple]:
 
     m, n, k = shape.mnk
     meta = torch.device("meta")
-    act = op.ACTIVATIONS[op.TIMED_ACTIVATION[shape.act_class]]
-    with op._forcing(shape.kernel, m, n, k, shape.dtype, cfg):
+    act = launch_plan.ACTIVATIONS[launch_plan.TIMED_ACTIVATION[shape.act_class]]
+    with launches._forcing(shape.kernel, m, n, k, shape.dtype, cfg):
         x, w, b = (torch.empty(s, device=meta, dtype=shape.dtype) for s in ((m, k), (n, k), (n,)))
         if shape.kernel == "fwd":
             op._forward(x, w, b, act, shape.precision, shape.act_class, record)
@@ -167,8 +169,8 @@ def dry_run(shapes: Sequence[KernelShape], sm_count: int) -> dict[str, Any]:
     exact = {(s.kernel, s.rows, s.cols, s.red, s.dtype): s for s in reversed(shapes)}
     before_shapes = [s for s in shapes if exact.get((s.kernel, s.rows, s.cols, s.red, s.dtype)) is s]
     now_shapes = unique_classes(shapes)
-    full_runs = _executions(*op.FULL_TIMING)
-    quick_runs = _executions(*op.QUICK_TIMING)
+    full_runs = _executions(*launches.FULL_TIMING)
+    quick_runs = _executions(*launches.QUICK_TIMING)
 
     def count(which: Sequence[KernelShape], prune: bool, halving: bool) -> tuple[dict[str, int], list[dict]]:
         compiles: set[tuple] = set()
@@ -176,16 +178,16 @@ def dry_run(shapes: Sequence[KernelShape], sm_count: int) -> dict[str, Any]:
         rows = []
         finalists: dict[str, list[LaunchConfig]] = {}
         for s in which:
-            cands = op.tuning_candidates(s.kernel, s.rows, s.cols, s.red, s.dtype, sm_count, prune=prune)
-            seed = op.SEED_CLASSES.get(s.act_class)
+            cands = launch_plan.tuning_candidates(s.kernel, s.rows, s.cols, s.red, s.dtype, sm_count, prune=prune)
+            seed = launches.SEED_CLASSES.get(s.act_class)
             seeded = finalists.get(s.key.replace(f":{s.act_class}:", f":{seed}:")) if halving and seed else None
             if seeded is not None:  # the seeding class's finalists: here, its first candidates
                 cands = list(dict.fromkeys([cands[0], *seeded, cands[-1]]))
-            finalists[s.key] = cands[: op.FINALISTS]
+            finalists[s.key] = cands[: launches.FINALISTS]
             new = set().union(*(compile_keys(s, c) for c in cands)) - compiles
             compiles |= new
-            quick = len(cands) if halving and len(cands) > op.FINALISTS + 1 else 0
-            full = min(len(cands), op.FINALISTS + 1) if quick else len(cands)
+            quick = len(cands) if halving and len(cands) > launches.FINALISTS + 1 else 0
+            full = min(len(cands), launches.FINALISTS + 1) if quick else len(cands)
             totals["candidates"] += len(cands)
             totals["quick"] += quick
             totals["full"] += full
@@ -210,8 +212,8 @@ def print_dry_run(result: dict[str, Any]) -> None:
         ("shapes", "shapes tuned (before: every exact shape; now: one per shape class)"),
         ("candidates", "candidates"),
         ("compiles", "distinct Triton compilations (estimate; now compiled ahead on a thread pool)"),
-        ("full", f"full timings ({op.FULL_TIMING[0]} calls x {op.FULL_TIMING[1]} replays)"),
-        ("quick", f"quick timings ({op.QUICK_TIMING[0]} calls x {op.QUICK_TIMING[1]} replays)"),
+        ("full", f"full timings ({launches.FULL_TIMING[0]} calls x {launches.FULL_TIMING[1]} replays)"),
+        ("quick", f"quick timings ({launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays)"),
         ("executions", "kernel executions while timing"),
     ):
         ratio = f"  ({n[name] / b[name]:.2f}x)" if b[name] else ""
@@ -231,16 +233,16 @@ def tune(
     device = torch.device("cuda", torch.cuda.current_device())
 
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):  # type: ignore[no-untyped-def]
-        calls, replays = op.QUICK_TIMING if quick else TABLE_TIMING
-        return op.time_launch(kernel, m, n, k, dtype, cfg, device, calls, replays, activation=activation)
+        calls, replays = launches.QUICK_TIMING if quick else TABLE_TIMING
+        return launches.time_launch(kernel, m, n, k, dtype, cfg, device, calls, replays, activation=activation)
 
-    launches = op._Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure, prepare=op.precompile)
-    gpu = launches.model(device)
+    tuner = launches._Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure, prepare=launches.precompile)
+    gpu = tuner.model(device)
     for s in unique_classes(shapes):
-        launches.tune(s.kernel, s.rows, s.cols, s.red, s.dtype, device, measure, s.precision, s.act_class)
+        tuner.tune(s.kernel, s.rows, s.cols, s.red, s.dtype, device, measure, s.precision, s.act_class)
         if save is not None:
-            save(launches.cache(gpu).entries())
-    return dict(launches.cache(gpu).entries()), {**launches.tuning_counts, "seconds": round(launches.tuning_seconds, 1)}
+            save(tuner.cache(gpu).entries())
+    return dict(tuner.cache(gpu).entries()), {**tuner.tuning_counts, "seconds": round(tuner.tuning_seconds, 1)}
 
 
 def write_table(path: str, gpu: str, measured: dict[str, dict]) -> None:
@@ -251,11 +253,11 @@ def write_table(path: str, gpu: str, measured: dict[str, dict]) -> None:
     except (OSError, json.JSONDecodeError):
         tables = {}
     tables[gpu] = {
-        "key_format": op.KEY_FORMAT,
+        "key_format": launch_plan.KEY_FORMAT,
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "timing": f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
-        f"{op.QUICK_TIMING[0]} calls x {op.QUICK_TIMING[1]} replays, the fastest {op.FINALISTS} and the "
+        f"{launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays, the fastest {launches.FINALISTS} and the "
         f"heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
         "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
         "evidence": {key: {k: v for k, v in entry.items() if k != "config"} for key, entry in sorted(measured.items())},
@@ -292,7 +294,7 @@ def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.tune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(op.TABLE_PATH))
+    parser.add_argument("--out", default=str(launches.TABLE_PATH))
     parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES))
     parser.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS))
     parser.add_argument("--experiments", action="store_true",

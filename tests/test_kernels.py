@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from kernels.linear_act import ACTIVATIONS
-from kernels.linear_act import LaunchConfig
-from kernels.linear_act import launch_config
+from kernels.launch_plan import ACTIVATIONS
+from kernels.launch_plan import LaunchConfig
+from kernels.launches import launch_config
 from kernels.linear_act import linear_act
 from model.mlp import MLP
 
@@ -147,15 +147,15 @@ def test_bf16_and_tf32_tolerances(activation) -> None:
 def test_strict_fp32_modes_against_float64(monkeypatch, mode, shape) -> None:
     """Both strict-fp32 paths, no absolute floor: the 1.5x bound against cuBLAS's IEEE
     error alone decides whether a mode may stand for 'fp32'."""
-    from kernels import linear_act as op
+    from kernels import launch_plan
 
-    monkeypatch.setattr(op, "STRICT_FP32", mode)
+    monkeypatch.setattr(launch_plan, "STRICT_FP32", mode)
     torch.set_float32_matmul_precision("highest")
     check_against_float64(*shape, "leaky_relu", torch.float32, floor=0.0)
 
 
 def test_strict_fp32_choice_is_checked() -> None:
-    from kernels.linear_act import strict_fp32_from_env
+    from kernels.launch_plan import strict_fp32_from_env
 
     assert strict_fp32_from_env(None) == "tf32x3" and strict_fp32_from_env("ieee") == "ieee"
     with pytest.raises(ValueError, match="LOADBENCH_STRICT_FP32='tf32x2': use one of ieee, tf32x3"):
@@ -196,7 +196,7 @@ def test_cuda_graph_capture_and_replay() -> None:
 
 @pytest.mark.parametrize("kernel", ["fwd", "dw", "dx"])
 def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
-    from kernels import linear_act as op
+    from kernels import launches
     from kernels.tune import candidates
 
     torch.set_float32_matmul_precision("highest")
@@ -205,17 +205,17 @@ def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
     spread = candidates(torch.float32)[::3]  # a spread of tiles; the interpreter is slow
     routes = [dataclasses.replace(spread[0], split_k=2), dataclasses.replace(spread[0], backend="cublas")]
     for cfg in spread + routes:
-        op._FORCED[kernel] = cfg
+        launches._FORCED[kernel] = cfg
         try:
             got = run(lambda x, w, b: linear_act(x, w, b, "silu"), x, w, b, dy)
         finally:
-            op._FORCED.clear()
+            launches._FORCED.clear()
         for name, g, e in zip(("y", "dx", "dw", "db"), got, expected):
             assert torch.allclose(g, e, atol=1e-5), (kernel, cfg, name)
 
 
 def test_shape_classes_round_up_to_powers_of_two() -> None:
-    from kernels.linear_act import shape_key
+    from kernels.launch_plan import shape_key
 
     assert shape_key("fwd", 512, 10, 2048, torch.float32, "tf32x3", "identity") == "fwd:float32:tf32x3:identity:512:16:2048"
     assert shape_key("dw", 2048, 75, 64, torch.bfloat16, "ieee", "silu") == "dw:bfloat16:ieee:silu:2048:128:64"
@@ -224,21 +224,21 @@ def test_shape_classes_round_up_to_powers_of_two() -> None:
 def test_the_key_names_what_changes_the_measured_kernel(monkeypatch) -> None:
     """The strict-fp32 mode and TF32 run different dots; silu stores and re-reads its
     pre-activation; relu, tanh and sigmoid share leaky_relu's class."""
-    from kernels import linear_act as op
+    from kernels import launch_plan as plan
 
     torch.set_float32_matmul_precision("highest")
     keys = {}
     for mode in ("tf32x3", "ieee"):
-        monkeypatch.setattr(op, "STRICT_FP32", mode)
-        keys[mode] = op.shape_key("fwd", 64, 64, 64, torch.float32, op._precision(torch.float32), "pointwise")
+        monkeypatch.setattr(plan, "STRICT_FP32", mode)
+        keys[mode] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan._precision(torch.float32), "pointwise")
     torch.set_float32_matmul_precision("high")
     try:
-        keys["tf32"] = op.shape_key("fwd", 64, 64, 64, torch.float32, op._precision(torch.float32), "pointwise")
+        keys["tf32"] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan._precision(torch.float32), "pointwise")
     finally:
         torch.set_float32_matmul_precision("highest")
     assert len(set(keys.values())) == 3 and all(f":{mode}:" in key for mode, key in keys.items())
-    assert {op.activation_class(a) for a in ("relu", "leaky_relu", "tanh", "sigmoid")} == {"pointwise"}
-    assert op.activation_class("silu") == "silu" and op.activation_class(ACTIVATIONS["identity"]) == "identity"
+    assert {plan.activation_class(a) for a in ("relu", "leaky_relu", "tanh", "sigmoid")} == {"pointwise"}
+    assert plan.activation_class("silu") == "silu" and plan.activation_class(ACTIVATIONS["identity"]) == "identity"
 
 
 def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
@@ -299,22 +299,22 @@ def test_bias_gradient_over_a_long_batch_is_as_accurate_as_torch() -> None:
 def launches(tmp_path, monkeypatch):
     """A clean launch state (own cache directory) for tests that set tables or force
     tiles, and the default state back afterwards."""
-    from kernels import linear_act as op
+    from kernels import launches
 
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    op.reset_launch_state()
-    yield op
-    op._FORCED.clear()
-    op.reset_launch_state()
+    launches.reset_launch_state()
+    yield launches
+    launches._FORCED.clear()
+    launches.reset_launch_state()
 
 
-def forced_run(op, cfg, m, k, n, activation="leaky_relu", dtype=torch.float32):
+def forced_run(launches, cfg, m, k, n, activation="leaky_relu", dtype=torch.float32):
     x, w, b, dy = inputs(m, k, n, dtype)
-    op._FORCED["dw"] = cfg
+    launches._FORCED["dw"] = cfg
     try:
         return run(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, dy)
     finally:
-        op._FORCED.clear()
+        launches._FORCED.clear()
 
 
 @pytest.mark.parametrize(("m", "nk", "block"), [(64, 32, 16), (130, 48, 16), (97, 40, 32)])
@@ -323,19 +323,18 @@ def test_split_k_weight_gradient_is_accurate_and_reproducible(launches, m, nk, b
     the same bits on every run (fixed-order sum, no atomics), and equal to split 1
     within fp32 rounding."""
     torch.set_float32_matmul_precision("highest")
-    op = launches
-    whole = forced_run(op, LaunchConfig(block, block, block, 4, 3), m, nk, nk)
+    whole = forced_run(launches, LaunchConfig(block, block, block, 4, 3), m, nk, nk)
     for split in (2, 4):
         cfg = LaunchConfig(block, block, block, 4, 3, split_k=split)
-        first, again = forced_run(op, cfg, m, nk, nk), forced_run(op, cfg, m, nk, nk)
+        first, again = forced_run(launches, cfg, m, nk, nk), forced_run(launches, cfg, m, nk, nk)
         for name, a, b, w in zip(("y", "dx", "dw", "db"), first, again, whole):
             assert torch.equal(a, b), (split, name)
             assert torch.allclose(a, w, rtol=1e-5, atol=1e-5 * w.abs().max().item()), (split, name)
-        op._FORCED["dw"] = cfg
+        launches._FORCED["dw"] = cfg
         try:
             check_against_float64(m, nk, nk, "silu", torch.float32)
         finally:
-            op._FORCED.clear()
+            launches._FORCED.clear()
 
 
 def test_split_k_in_sixteen_bits(launches) -> None:
@@ -358,12 +357,12 @@ def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launche
 
 def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, activation: str, dtype=torch.float32) -> dict:
     """A committed-table stand-in for this CPU, one entry per kernel of the layer."""
-    from kernels import linear_act as op
+    from kernels import launch_plan as plan
 
     out = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}
-    prec, cls = op._precision(dtype), op.activation_class(activation)
-    configs = {op.shape_key(kn, *out[kn], dtype, prec, cls): dataclasses.asdict(c) for kn, c in routes.items()}
-    return {"cpu": {"key_format": op.KEY_FORMAT, "configs": configs}}
+    prec, cls = plan._precision(dtype), plan.activation_class(activation)
+    configs = {plan.shape_key(kn, *out[kn], dtype, prec, cls): dataclasses.asdict(c) for kn, c in routes.items()}
+    return {"cpu": {"key_format": plan.KEY_FORMAT, "configs": configs}}
 
 
 CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
@@ -462,19 +461,20 @@ def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_pat
     key format 2; a run reads them back as the table and launches those routes."""
     import json
 
+    from kernels import launch_plan as plan
     from kernels.tune import write_table
 
     torch.set_float32_matmul_precision("highest")
-    op, f32, (m, k, n) = launches, torch.float32, (70, 40, 36)
-    prec, cls = op._precision(f32), op.activation_class("silu")
+    f32, (m, k, n) = torch.float32, (70, 40, 36)
+    prec, cls = plan._precision(f32), plan.activation_class("silu")
     entries = {
-        op.shape_key("fwd", m, n, k, f32, prec, cls): {"config": dataclasses.asdict(CUBLAS), "ms": 0.01},
-        op.shape_key("dw", n, k, m, f32, prec, cls): {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},
+        plan.shape_key("fwd", m, n, k, f32, prec, cls): {"config": dataclasses.asdict(CUBLAS), "ms": 0.01},
+        plan.shape_key("dw", n, k, m, f32, prec, cls): {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},
     }
     write_table(str(tmp_path / "table.json"), "cpu", entries)
     written = json.loads((tmp_path / "table.json").read_text())
-    assert written["cpu"]["key_format"] == op.KEY_FORMAT
-    op.reset_launch_state(mode="off", tables=written)
+    assert written["cpu"]["key_format"] == plan.KEY_FORMAT
+    launches.reset_launch_state(mode="off", tables=written)
     check_against_float64(m, k, n, "silu", f32)
-    got = {e["kernel"]: (e["source"], e["route"]) for e in op.launch_report()}
+    got = {e["kernel"]: (e["source"], e["route"]) for e in launches.launch_report()}
     assert got == {"fwd": ("table", "cublas+epilogue"), "dw": ("table", "triton split-K 2"), "dx": ("heuristic", "triton")}

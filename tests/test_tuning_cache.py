@@ -1,5 +1,5 @@
-"""The per-user tuning cache and the policy that fills it (kernels/tuning_cache.py and
-the planning part of kernels/linear_act.py), on CPU.
+"""The per-user tuning cache and the policy that fills it (kernels/tuning_cache.py,
+kernels/launches.py and kernels/launch_plan.py), on CPU.
 
 Nothing here times anything: tuning is driven by a stand-in `measure` that returns
 chosen numbers, so the tests check what is kept, where it comes from and when tuning
@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels import launch_plan
+from kernels import launches
 from kernels import linear_act as op
 from kernels import tuning_cache
-from kernels.linear_act import LaunchConfig
+from kernels.launch_plan import LaunchConfig
 from kernels.linear_act import linear_act
 from kernels.tuning_cache import TuningCache
 from kernels.tuning_cache import cache_dir
@@ -35,9 +37,9 @@ def _fresh_launches(tmp_path, monkeypatch):
     and leaves no plans behind for the next module."""
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("LOADBENCH_TUNE", raising=False)
-    op.reset_launch_state()
+    launches.reset_launch_state()
     yield
-    op.reset_launch_state()
+    launches.reset_launch_state()
 
 
 def layer(m=M, n=N, k=K, seed=0):
@@ -54,7 +56,7 @@ def train_step(x, w, b, activation="leaky_relu"):
 
 
 def sources() -> dict[str, str]:
-    return {e["kernel"]: e["source"] for e in op.launch_report()}
+    return {e["kernel"]: e["source"] for e in launches.launch_report()}
 
 
 class FakeMeasure:
@@ -75,11 +77,11 @@ def refuse(*args, **kwargs):
 
 def key(kernel, rows, cols, red, act_class="pointwise", dtype=torch.float32):
     """The shape class at the current float32 precision."""
-    return op.shape_key(kernel, rows, cols, red, dtype, op._precision(dtype), act_class)
+    return launch_plan.shape_key(kernel, rows, cols, red, dtype, launch_plan._precision(dtype), act_class)
 
 
 def table(configs: dict) -> dict:
-    return {"cpu": {"key_format": op.KEY_FORMAT, "configs": configs}}
+    return {"cpu": {"key_format": launch_plan.KEY_FORMAT, "configs": configs}}
 
 
 # ------------------------------------------------------------------ the mode
@@ -94,9 +96,9 @@ def test_tune_mode_parsing() -> None:
 
 def test_a_bad_mode_stops_the_first_launch(monkeypatch) -> None:
     monkeypatch.setenv("LOADBENCH_TUNE", "sometimes")
-    op.reset_launch_state()
+    launches.reset_launch_state()
     with pytest.raises(ValueError, match="LOADBENCH_TUNE='sometimes'"):
-        op.launch_config("fwd", 64, 64, 64, torch.float32)
+        launches.launch_config("fwd", 64, 64, 64, torch.float32)
 
 
 # ------------------------------------------------------------------ the store
@@ -185,19 +187,19 @@ def test_tuned_on_first_use_stored_and_reused_by_a_later_run(tmp_path, capsys) -
     cache = tmp_path / "cache"
     split = lambda kernel, cfg: kernel == "dw" and cfg.split_k == 2  # noqa: E731
     measure = FakeMeasure(split)
-    op.reset_launch_state(cache_dir=cache, measure=measure, sm_count=132)
+    launches.reset_launch_state(cache_dir=cache, measure=measure, sm_count=132)
     expected = train_step(*layer())
     assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"}
-    assert [e["route"] for e in op.launch_report() if e["kernel"] == "dw"] == ["triton split-K 2"]
+    assert [e["route"] for e in launches.launch_report() if e["kernel"] == "dw"] == ["triton split-K 2"]
     assert f"loadbench: tuning {key('dw', N, K, M)}" in capsys.readouterr().err  # the progress line
     tuned = len(measure.calls)
     train_step(*layer())  # the same process: planned once, never tuned again
     assert len(measure.calls) == tuned
 
-    op.reset_launch_state(cache_dir=cache, measure=refuse, sm_count=132)  # a later run
+    launches.reset_launch_state(cache_dir=cache, measure=refuse, sm_count=132)  # a later run
     got = train_step(*layer())
     assert sources() == {"fwd": "cache", "dw": "cache", "dx": "cache"}
-    assert [e["config"]["split_k"] for e in op.launch_report() if e["kernel"] == "dw"] == [2]
+    assert [e["config"]["split_k"] for e in launches.launch_report() if e["kernel"] == "dw"] == [2]
     for g, e in zip(got, expected):
         assert torch.equal(g, e)
 
@@ -214,13 +216,13 @@ def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -
         return float(len(ran))  # the first candidate (the heuristic's) wins: nothing timed
 
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
-        return op.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer, activation=activation)
+        return launches.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer, activation=activation)
 
-    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, sm_count=4)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, sm_count=4)
     x, w, b = layer()
     got = train_step(x, w, b, "silu")
-    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"} and ran and not op._FORCED
-    assert len(op._PLANS) == 3  # the nested calls left no plans of their own
+    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"} and ran and not launches._FORCED
+    assert len(launches._PLANS) == 3  # the nested calls left no plans of their own
     ref = [t.clone().requires_grad_() for t in (x, w, b)]
     y = torch.nn.functional.silu(torch.nn.functional.linear(*ref))
     y.sum().backward()
@@ -231,21 +233,21 @@ def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -
 def test_the_committed_table_wins_over_the_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     table_cfg, cached_cfg = LaunchConfig(16, 16, 16, 4, 3), LaunchConfig(32, 32, 32, 4, 3)
-    store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
+    store = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__))
     for kernel, rows, cols, red in (("fwd", M, N, K), ("dw", N, K, M)):
         store.put(key(kernel, rows, cols, red), {"config": asdict(cached_cfg)})
-    op.reset_launch_state(cache_dir=cache, tables=table({key("fwd", M, N, K): asdict(table_cfg)}), measure=refuse)
+    launches.reset_launch_state(cache_dir=cache, tables=table({key("fwd", M, N, K): asdict(table_cfg)}), measure=refuse)
     train_step(*layer())
-    report = {e["kernel"]: e for e in op.launch_report()}
+    report = {e["kernel"]: e for e in launches.launch_report()}
     assert report["fwd"]["source"] == "table" and report["fwd"]["config"] == asdict(table_cfg)
     assert report["dw"]["source"] == "cache" and report["dw"]["config"] == asdict(cached_cfg)
 
 
 def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
-    store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
+    store = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__))
     store.put(key("dw", N, K, M), {"config": CONFIG})
-    op.reset_launch_state(mode="off", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=refuse)
+    launches.reset_launch_state(mode="off", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=refuse)
     train_step(*layer())
     assert sources() == {"fwd": "table", "dw": "heuristic", "dx": "heuristic"}
 
@@ -253,25 +255,25 @@ def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> No
 def test_always_re_tunes_over_table_and_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     measure = FakeMeasure(lambda kernel, cfg: cfg.block_r == 32 and cfg.block_c == 32 and cfg.block_red == 32)
-    op.reset_launch_state(mode="always", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=measure)
+    launches.reset_launch_state(mode="always", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=measure)
     train_step(*layer())
     assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"}
-    assert all(e["config"]["block_r"] == 32 for e in op.launch_report())
-    stored = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__)).entries()
+    assert all(e["config"]["block_r"] == 32 for e in launches.launch_report())
+    stored = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__)).entries()
     assert len(stored) == 3 and all(e["config"]["block_red"] == 32 for e in stored.values())
 
 
 def test_a_first_call_during_graph_capture_falls_back_then_tunes(tmp_path, monkeypatch) -> None:
     measure = FakeMeasure()
-    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
-    monkeypatch.setattr(op, "_stream_capturing", lambda device: True)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    monkeypatch.setattr(launches, "_stream_capturing", lambda device: True)
     x, w, b = layer()
     linear_act(x, w, b, "relu")
-    (entry,) = op.launch_report()
+    (entry,) = launches.launch_report()
     assert entry["source"] == "heuristic" and "CUDA-graph capture" in entry["note"] and not measure.calls
-    monkeypatch.setattr(op, "_stream_capturing", lambda device: False)
+    monkeypatch.setattr(launches, "_stream_capturing", lambda device: False)
     linear_act(x, w, b, "relu")  # the next eager call tunes
-    (entry,) = op.launch_report()
+    (entry,) = launches.launch_report()
     assert entry["source"] == "tuned" and measure.calls
     assert entry["fallback"]["source"] == "heuristic"  # what the captured call ran
 
@@ -279,22 +281,22 @@ def test_a_first_call_during_graph_capture_falls_back_then_tunes(tmp_path, monke
 def test_tracing_never_tunes(tmp_path) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=refuse)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=refuse)
     with FakeTensorMode() as mode:
         # what the op's body asks while torch.compile traces it (through the interpreter
         # the body would go on to run its kernels on the fake tensors, so plan alone)
         x = mode.from_tensor(layer()[0])
-        plan = op._plan("fwd", M, N, K, x, "tf32x3", "pointwise")
-    assert plan.cfg == op.heuristic_config(M, N, K, torch.float32) and not op._PLANS  # asked again next call
-    (entry,) = op.launch_report()
+        plan = launches._plan("fwd", M, N, K, x, "tf32x3", "pointwise")
+    assert plan.cfg == launch_plan.heuristic_config(M, N, K, torch.float32) and not launches._PLANS  # asked again next call
+    (entry,) = launches.launch_report()
     assert entry["source"] == "heuristic" and "torch.compile tracing" in entry["note"]
 
 
 def test_a_bad_cached_config_is_re_tuned_with_a_warning(tmp_path) -> None:
     cache = tmp_path / "cache"
-    store = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__))
+    store = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__))
     store.put(key("fwd", M, N, K, "pointwise"), {"config": {**CONFIG, "block_r": 24}})
-    op.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
+    launches.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
     with pytest.warns(UserWarning, match="powers of two"):
         linear_act(*layer(), "relu")
     assert sources() == {"fwd": "tuned"}
@@ -305,7 +307,7 @@ def test_an_unwritable_cache_keeps_the_tile_for_the_process(tmp_path, monkeypatc
         raise OSError("read-only file system")
 
     monkeypatch.setattr(TuningCache, "put", no_space)
-    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=FakeMeasure())
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=FakeMeasure())
     with pytest.warns(UserWarning, match="last this process only"):
         linear_act(*layer(), "relu")
     assert sources() == {"fwd": "tuned"}
@@ -317,20 +319,20 @@ def test_a_candidate_that_fails_is_skipped(tmp_path) -> None:
             raise RuntimeError("out of shared memory")
         return 1.0 if cfg.block_red == 16 else 2.0
 
-    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
     linear_act(*layer(), "relu")
-    (entry,) = op.launch_report()
+    (entry,) = launches.launch_report()
     assert entry["source"] == "tuned" and entry["config"]["block_red"] == 16 and entry["config"]["block_r"] == 32
 
 
 def test_tuning_candidates() -> None:
-    dw = op.tuning_candidates("dw", 512, 512, 512, torch.float32, sm_count=132)
-    assert dw[0] == op.heuristic_config(512, 512, 512, torch.float32)  # measured first: the baseline
+    dw = launch_plan.tuning_candidates("dw", 512, 512, 512, torch.float32, sm_count=132)
+    assert dw[0] == launch_plan.heuristic_config(512, 512, 512, torch.float32)  # measured first: the baseline
     assert {c.split_k for c in dw} >= {1, 2, 4} and dw[-1].backend == "cublas"
     assert all(c.split_k * -(-512 // c.block_r) * -(-512 // c.block_c) <= 2 * 132 for c in dw if c.split_k > 1)
-    assert all(c.split_k == 1 for c in op.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132))
-    assert all(c.split_k == 1 for c in op.tuning_candidates("dw", 512, 512, 512, torch.float32, None))
-    head = op.tuning_candidates("fwd", 512, 10, 512, torch.bfloat16, 132)
+    assert all(c.split_k == 1 for c in launch_plan.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132))
+    assert all(c.split_k == 1 for c in launch_plan.tuning_candidates("dw", 512, 512, 512, torch.float32, None))
+    head = launch_plan.tuning_candidates("fwd", 512, 10, 512, torch.bfloat16, 132)
     assert all(c.block_c <= 32 for c in head if c.backend == "triton")  # no 128-column tiles over 10 columns
     assert len(set(dw)) == len(dw)
 
@@ -353,22 +355,22 @@ def test_experiment_shapes_match_the_suite() -> None:
 
 def test_a_tile_tuned_in_one_strict_fp32_mode_is_not_reused_in_the_other(tmp_path, monkeypatch) -> None:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(op, "STRICT_FP32", "ieee")
-    op.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
+    monkeypatch.setattr(launch_plan, "STRICT_FP32", "ieee")
+    launches.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
     linear_act(*layer(), "relu")
-    monkeypatch.setattr(op, "STRICT_FP32", "tf32x3")
+    monkeypatch.setattr(launch_plan, "STRICT_FP32", "tf32x3")
     measure = FakeMeasure()
-    op.reset_launch_state(cache_dir=cache, measure=measure)
+    launches.reset_launch_state(cache_dir=cache, measure=measure)
     linear_act(*layer(), "relu")
-    (entry,) = op.launch_report()
+    (entry,) = launches.launch_report()
     assert entry["source"] == "tuned" and entry["precision"] == "tf32x3" and measure.calls
-    stored = TuningCache(cache, cache_key("cpu", op.triton.__version__, torch.__version__)).entries()
+    stored = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__)).entries()
     assert {e["precision"] for e in stored.values()} == {"ieee", "tf32x3"}
 
 
 def test_silu_is_tuned_apart_from_its_finalists_and_relu_shares_leaky_relus_class(tmp_path) -> None:
     measure = FakeMeasure()
-    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
     x, w, b = layer()
     linear_act(x, w, b, "leaky_relu")
     pointwise = len(measure.calls)
@@ -376,10 +378,10 @@ def test_silu_is_tuned_apart_from_its_finalists_and_relu_shares_leaky_relus_clas
     assert len(measure.calls) == pointwise
     linear_act(x, w, b, "silu")
     silu = [cfg for _, cfg in measure.calls[pointwise:]]
-    assert silu and len(set(silu)) <= op.FINALISTS + 2  # heuristic, the finalists, cuBLAS
-    report = {e["activation"]: e for e in op.launch_report()}
+    assert silu and len(set(silu)) <= launches.FINALISTS + 2  # heuristic, the finalists, cuBLAS
+    report = {e["activation"]: e for e in launches.launch_report()}
     assert report["silu"]["source"] == "tuned" and report["silu"]["key"].count(":silu:") == 1
-    stored = op._state().cache("cpu").get(report["silu"]["key"])
+    stored = launches._state().cache("cpu").get(report["silu"]["key"])
     assert stored["seeded_from"] == "pointwise" and stored["timed_with"] == "silu"
 
 
@@ -388,10 +390,10 @@ def test_an_old_cache_file_is_read_and_its_entries_not_reused(tmp_path) -> None:
     are never matched, and the shape is tuned anew beside them: no crash, no warning."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    group = cache_key("cpu", op.triton.__version__, torch.__version__)
+    group = cache_key("cpu", launches.triton.__version__, torch.__version__)
     old = {"fwd:float32:64:32:32": {"config": CONFIG, "ms": 0.01}}
     (cache / tuning_cache.FILE_NAME).write_text(json.dumps({"format": 1, "groups": {group: old}}))
-    op.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
+    launches.reset_launch_state(cache_dir=cache, measure=FakeMeasure())
     import warnings
 
     with warnings.catch_warnings():
@@ -404,7 +406,7 @@ def test_an_old_cache_file_is_read_and_its_entries_not_reused(tmp_path) -> None:
 
 def test_a_table_keyed_in_the_old_format_is_not_used_and_says_so(tmp_path) -> None:
     legacy = {"cpu": {"configs": {"fwd:float32:64:32": CONFIG}, "evidence": {}}}
-    op.reset_launch_state(mode="off", cache_dir=tmp_path / "cache", tables=legacy)
+    launches.reset_launch_state(mode="off", cache_dir=tmp_path / "cache", tables=legacy)
     with pytest.warns(UserWarning, match="key format 1, not 2"):
         linear_act(*layer(), "relu")
     assert sources() == {"fwd": "heuristic"}
@@ -416,7 +418,7 @@ def test_a_table_keyed_in_the_old_format_is_not_used_and_says_so(tmp_path) -> No
 def test_successive_halving_decides_on_the_full_timing(tmp_path) -> None:
     """Every candidate timed quickly, the FINALISTS fastest and the heuristic's tile
     fully; the winner is the fastest in the full timing, not the quick one."""
-    cands = op.tuning_candidates("fwd", 64, 64, 32, torch.float32, None)  # the forward of a 64 x 64 x 32 layer
+    cands = launch_plan.tuning_candidates("fwd", 64, 64, 32, torch.float32, None)  # the forward of a 64 x 64 x 32 layer
     quick_best, full_best = cands[3], cands[4]
     calls: list[tuple[LaunchConfig, bool]] = []
 
@@ -425,45 +427,45 @@ def test_successive_halving_decides_on_the_full_timing(tmp_path) -> None:
         order = {quick_best: 1.0, full_best: 1.1} if quick else {quick_best: 1.2, full_best: 0.9}
         return order.get(cfg, 5.0 + len(cands) - cands.index(cfg))  # the heuristic's tile slowest
 
-    op.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
     linear_act(*layer(m=64, n=64, k=32), "relu")
     assert [c for c, q in calls if q] == cands
     full = [c for c, q in calls if not q]
-    assert len(full) == op.FINALISTS + 1 and cands[0] in full and {quick_best, full_best} <= set(full)
-    (entry,) = op.launch_report()
+    assert len(full) == launches.FINALISTS + 1 and cands[0] in full and {quick_best, full_best} <= set(full)
+    (entry,) = launches.launch_report()
     assert LaunchConfig.from_dict(entry["config"]) == full_best
-    assert op.tuning_counts()["quick"] == len(cands) and op.tuning_counts()["full"] == len(full)
+    assert launches.tuning_counts()["quick"] == len(cands) and launches.tuning_counts()["full"] == len(full)
 
 
 def test_shapes_of_one_class_are_tuned_once_even_when_always(tmp_path) -> None:
     measure = FakeMeasure()
-    op.reset_launch_state(mode="always", cache_dir=tmp_path / "cache", measure=measure)
+    launches.reset_launch_state(mode="always", cache_dir=tmp_path / "cache", measure=measure)
     x, w, b = layer(m=40)
     linear_act(x, w, b, "relu")
     tuned = len(measure.calls)
     linear_act(*layer(m=36), "relu")  # 36 and 40 both round up to 64 rows
     assert len(measure.calls) == tuned
-    assert [e["source"] for e in op.launch_report()] == ["tuned", "tuned"]
+    assert [e["source"] for e in launches.launch_report()] == ["tuned", "tuned"]
 
 
 def test_the_occupancy_rule_drops_only_tiles_that_leave_most_sms_idle() -> None:
-    full = op.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132, prune=False)
-    pruned = op.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132)
+    full = launch_plan.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132, prune=False)
+    pruned = launch_plan.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132)
     gone = set(full) - set(pruned)
     assert gone and all(-(-512 // c.block_r) * -(-512 // c.block_c) < 33 for c in gone)
     # a small output where no tile fills the GPU: nothing is dropped for occupancy
-    small = op.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132)
-    assert small == op.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132, prune=False)
+    small = launch_plan.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132)
+    assert small == launch_plan.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132, prune=False)
     # bf16: one reduction step, the one that fits
-    assert {c.block_red for c in op.tuning_candidates("dw", 512, 512, 512, torch.bfloat16, 132) if c.backend == "triton"} == {64}
-    assert {c.block_red for c in op.tuning_candidates("dx", 64, 128, 10, torch.bfloat16, 132)[1:-1]} == {32}
+    assert {c.block_red for c in launch_plan.tuning_candidates("dw", 512, 512, 512, torch.bfloat16, 132) if c.backend == "triton"} == {64}
+    assert {c.block_red for c in launch_plan.tuning_candidates("dx", 64, 128, 10, torch.bfloat16, 132)[1:-1]} == {32}
 
 
 def test_the_rules_keep_every_winner_the_format_1_table_measured() -> None:
     """The committed format-1 table timed every candidate of its day: its winners must
     survive the occupancy and reduction-step rules on the GPUs it was measured on (132
     SMs each)."""
-    tables = json.loads(op.TABLE_PATH.read_text())
+    tables = json.loads(launches.TABLE_PATH.read_text())
     checked = 0
     for group in tables.values():
         if group.get("key_format", 1) != 1:
@@ -473,8 +475,8 @@ def test_the_rules_keep_every_winner_the_format_1_table_measured() -> None:
             m, n, k = group["evidence"][name]["shape"]
             rows, cols, red = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}[kernel]
             won, args = LaunchConfig.from_dict(cfg), (kernel, rows, cols, red, getattr(torch, dtype), 132)
-            if won in op.tuning_candidates(*args, prune=False):  # (older lists held tiles no longer tried)
-                assert won in op.tuning_candidates(*args), name
+            if won in launch_plan.tuning_candidates(*args, prune=False):  # (older lists held tiles no longer tried)
+                assert won in launch_plan.tuning_candidates(*args), name
                 checked += 1
     if checked == 0:
         pytest.skip("the committed table has no format-1 group left to check the rules against")
@@ -496,20 +498,20 @@ def test_precompile_runs_the_launch_path_with_warmup_for_every_candidate(monkeyp
             return False
 
     warmed: list[tuple[str, dict]] = []
-    monkeypatch.setattr(op.triton, "AsyncCompileMode", FakeMode, raising=False)
-    monkeypatch.setattr(op, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
+    monkeypatch.setattr(launches.triton, "AsyncCompileMode", FakeMode, raising=False)
+    monkeypatch.setattr(launches, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    cfgs = op.tuning_candidates("dw", N, K, M, torch.float32, 4)
-    assert op.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
+    cfgs = launch_plan.tuning_candidates("dw", N, K, M, torch.float32, 4)
+    assert launches.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
     assert len(entered) == 1
     tiles = {(kw["BLOCK_N"], kw["BLOCK_K"], kw["BLOCK_M"]) for name, kw in warmed if name == "_weight_grad_kernel"}
     assert tiles == {(c.block_r, c.block_c, c.block_red) for c in cfgs if c.backend == "triton"}
-    assert not op._FORCED and not op._PLANS
+    assert not launches._FORCED and not launches._PLANS
 
 
 def test_precompile_does_nothing_under_the_interpreter() -> None:
-    cfgs = op.tuning_candidates("fwd", M, N, K, torch.float32, None)
-    assert op.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
+    cfgs = launch_plan.tuning_candidates("fwd", M, N, K, torch.float32, None)
+    assert launches.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
 
 
 def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys) -> None:
@@ -540,7 +542,7 @@ def _grads(fn, x, w, b, autocast=False):
 
 @pytest.mark.parametrize(("activation", "autocast"), [("silu", False), ("tanh", True)])
 def test_the_eager_path_skips_the_op_and_gives_the_same_bits(activation, autocast) -> None:
-    code = op.ACTIVATIONS[activation]
+    code = launch_plan.ACTIVATIONS[activation]
     x, w, b = layer()
     y, eager = _grads(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, autocast)
     z, via_op = _grads(lambda x, w, b: op.linear_act_fwd(x, w, b, code)[0], x, w, b, autocast)

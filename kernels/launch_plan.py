@@ -1,0 +1,282 @@
+"""Launch planning for the fused linear + activation kernels (kernels/linear_act.py):
+what a kernel launch at a given shape runs with, worked out without running anything.
+
+- `LaunchConfig`: a kernel's tile (output rows x columns, reduction step, warps,
+  stages, program group), its split-K slices (dW only) and its route ('triton', or
+  'cublas': torch.mm plus our epilogue / prologue kernel).
+- `heuristic_config`: the tile used where nothing was measured. `candidates` and
+  `tuning_candidates`: what tuning times for a shape (the tiles that fit the output,
+  split-K for weight gradients that leave SMs idle, the cuBLAS route), less what the
+  occupancy and reduction-step rules rule out.
+- `shape_key`: the shape class a measured tile holds for. Table and cache are keyed
+  by it: kernel, dtype, the dot's precision (the strict-fp32 mode or TF32), the
+  activation class (silu stores and re-reads its pre-activation; the others share
+  leaky_relu's tiles) and the shape class.
+- `_make_plan`: a configuration made into what a launch needs besides the tensors:
+  the grid and, for split-K, the batch rows per slice (on reduction-step boundaries,
+  never an empty slice) and the partial-sum kernel's grid.
+- The dot's precision per dtype (`_precision`: torch's float32 matmul precision and
+  LOADBENCH_STRICT_FP32) and the activation codes the kernels take (ACTIVATIONS).
+
+Which configuration a process launches (committed table, per-user cache, first-use
+tuning or this module's heuristic) is decided in kernels/launches.py. This module
+imports neither of the others: both import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+# The kernels' ACTIVATION codes (kernels/linear_act.py).
+ACTIVATIONS = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
+SILU = ACTIVATIONS["silu"]
+
+
+# Fixed tiles of the small helper kernels: memory-bound, so no tuning.
+SUM_BLOCK = 1024
+EPILOGUE_BLOCK = (32, 128)  # rows, columns (columns contiguous)
+GRAD_BLOCK = (64, 32)  # rows walked per step, columns per program
+
+
+# ---------------------------------------------------------------- launch configs
+
+
+TRITON, CUBLAS = "triton", "cublas"
+BACKENDS = (TRITON, CUBLAS)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_r: int  # rows of the output tile
+    block_c: int  # columns of the output tile
+    block_red: int  # reduction step
+    num_warps: int
+    num_stages: int
+    group: int = 8
+    split_k: int = 1  # dw only: slices of the batch reduced by separate programs
+    backend: str = TRITON  # 'cublas': torch.mm plus our epilogue / prologue kernel
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchConfig:
+        """A configuration read from a table or cache file, checked: a bad one must not
+        reach a kernel launch (tl.dot needs sides >= 16 and powers of two)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or not set(data) <= names:
+            raise ValueError(f"launch config {data!r}: expected the fields {', '.join(sorted(names))}")
+        cfg = cls(**data)
+        blocks = (cfg.block_r, cfg.block_c, cfg.block_red)
+        ints = (*blocks, cfg.num_warps, cfg.num_stages, cfg.group, cfg.split_k)
+        if not all(type(v) is int for v in ints) or cfg.backend not in BACKENDS:
+            raise ValueError(f"launch config {data!r}: integer fields, backend one of {', '.join(BACKENDS)}")
+        if any(b < 16 or b & (b - 1) for b in blocks) or cfg.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"launch config {data!r}: blocks must be powers of two >= 16, warps 1-16")
+        if not (1 <= cfg.num_stages <= 8 and cfg.group >= 1 and 1 <= cfg.split_k <= 64):
+            raise ValueError(f"launch config {data!r}: stages 1-8, group >= 1, split_k 1-64")
+        return cfg
+
+    def describe(self) -> str:
+        if self.backend == CUBLAS:
+            return "cublas+epilogue"
+        split = f" split-K {self.split_k}" if self.split_k > 1 else ""
+        return f"{self.block_r}x{self.block_c}x{self.block_red} w{self.num_warps} s{self.num_stages}{split}"
+
+
+def _pow2_at_least(n: int, low: int, high: int) -> int:
+    return max(low, min(high, triton.next_power_of_2(n)))
+
+
+def _bucket(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+# What the tuned kernel's speed depends on besides its tile, and so what a measured
+# tile is keyed by. The activation matters little in most cases (a few elementwise
+# operations on the tile) but not for silu: its forward also stores the pre-activation
+# and its backward prologue re-reads it and computes a sigmoid. Every other activation
+# shares one class and is timed with leaky_relu, the study's; the head (identity) is
+# its own class, so this costs no tuning beyond the silu layers.
+ACTIVATION_CLASSES = {"identity": "identity", "silu": "silu"}  # any other: "pointwise"
+TIMED_ACTIVATION = {"identity": "identity", "silu": "silu", "pointwise": "leaky_relu"}
+_CLASS_OF = {code: ACTIVATION_CLASSES.get(name, "pointwise") for name, code in ACTIVATIONS.items()}
+# Version of the key below. Tables and cache entries keyed before the precision and
+# the activation class were part of the key (format 1) are not reused.
+KEY_FORMAT = 2
+
+
+def activation_class(activation: int | str) -> str:
+    """'identity', 'silu' or 'pointwise' (relu, leaky_relu, tanh, sigmoid)."""
+    return _CLASS_OF[ACTIVATIONS[activation] if isinstance(activation, str) else activation]
+
+
+def shape_key(
+    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, precision: str, act_class: str
+) -> str:
+    """The shape class a measured tile holds for (committed table and cache alike):
+    the kernel, the dtype and the dot's precision (fp32 runs a different kernel for
+    'tf32x3', 'ieee' and 'tf32'), the activation class, and the output rows x cols and
+    the reduction rounded up to powers of two. The reduction is in it because for dW
+    it is the batch (split-K's best S depends on it) and the first layer's forward
+    (K = 75) and a hidden layer's want different tiles."""
+    kind = str(dtype).removeprefix("torch.")
+    return f"{kernel}:{kind}:{precision}:{act_class}:{_bucket(rows)}:{_bucket(cols)}:{_bucket(reduction)}"
+
+
+def heuristic_config(rows: int, cols: int, reduction: int, dtype: torch.dtype) -> LaunchConfig:
+    """A tile no larger than the output (the head has 10 columns, the first layer
+    reduces over 75); small outputs (batch <= 512 at width <= 512) split into 64 x 32
+    tiles so there are enough programs for the SMs; tl.dot needs every side >= 16. A
+    16-bit dtype moves twice the reduction per stage. Never split-K and never cuBLAS:
+    those are chosen only by measurement."""
+    red_max = 64 if dtype.itemsize == 2 else 32
+    block_c = _pow2_at_least(cols, 16, 128)
+    block_r = _pow2_at_least(rows, 16, 128)
+    block_red = _pow2_at_least(reduction, 16, red_max)
+    if rows * cols <= 512 * 512:
+        block_r, block_c = min(block_r, 64), min(block_c, 32 if cols > 32 else block_c)
+    warps = 8 if block_r * block_c >= 128 * 128 else 4
+    return LaunchConfig(block_r, block_c, block_red, warps, 3)
+
+
+# The tiles the tuners try: (block_r, block_c, warps, stages); the reduction step per dtype.
+TILES = [
+    (16, 64, 4, 3), (32, 32, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3),
+    (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3),
+]  # fmt: skip
+REDUCTION_STEPS = {torch.float32: (16, 32), torch.bfloat16: (32, 64), torch.float16: (32, 64)}
+SPLITS = (2, 4, 8, 16)
+# Occupancy rule: where some candidate tile gives at least one program per SM, a
+# candidate giving fewer than this many programs per SM is not timed (a quarter of the
+# SMs or fewer busy). Evidence: the format-1 launch table timed every candidate of its
+# day; none of its winners still among the candidates (90 of 94 on the H100, 34 of 36
+# on the H200) falls under it (tests/test_tuning_cache.py checks).
+MIN_PROGRAMS_PER_SM = 0.25
+
+
+# 16-bit dtypes: one reduction step, the longest that does not overrun the reduction.
+# Evidence: every bf16 winner of the format-1 launch table still among the candidates
+# (36 on the H100, 7 on the H200, both steps timed) took 64 where the reduction is
+# >= 64 and 32 where it is 10 (the head's dX).
+# fp32 keeps both steps: 16 won for the head's dW and for dX at 512 x 1024 on the H100.
+ONE_STEP_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def candidates(dtype: torch.dtype, reduction: int | None = None) -> list[LaunchConfig]:
+    """Every fused-kernel tile, without split-K or cuBLAS; for a 16-bit dtype and a
+    known reduction, with the one reduction step that fits it (ONE_STEP_DTYPES)."""
+    steps = REDUCTION_STEPS[dtype]
+    if reduction is not None and dtype in ONE_STEP_DTYPES:
+        fitting = [s for s in steps if s <= max(16, reduction)]
+        steps = (max(fitting),) if fitting else (min(steps),)
+    return [LaunchConfig(r, c, red, w, s) for r, c, w, s in TILES for red in steps]
+
+
+def _programs(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> int:
+    return _make_plan(kernel, rows, cols, reduction, cfg).programs
+
+
+def tuning_candidates(
+    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, sm_count: int | None, prune: bool = True
+) -> list[LaunchConfig]:
+    """What tuning one shape times: the heuristic's tile, the tiles that fit the output
+    (a 128-row tile over a 16-row output is mostly masked work), for dW split-K over
+    the tiles that leave SMs idle, and the cuBLAS route; where the SM count is known,
+    less the tiles the occupancy rule (MIN_PROGRAMS_PER_SM) and, in 16 bits, the
+    reduction-step rule (ONE_STEP_DTYPES) rule out; `prune=False`: neither rule."""
+    heuristic = heuristic_config(rows, cols, reduction, dtype)
+    fits = [c for c in candidates(dtype, reduction if prune else None) if c.block_r <= max(32, _bucket(rows)) and c.block_c <= max(32, _bucket(cols))]
+    out = [heuristic] + [c for c in fits if c != heuristic]
+    if kernel == "dw" and sm_count:
+        longest = max(REDUCTION_STEPS[dtype])  # a slice is short: take the long step
+        for c in fits:
+            tiles = triton.cdiv(rows, c.block_r) * triton.cdiv(cols, c.block_c)
+            if c.block_red != longest or tiles >= sm_count:
+                continue
+            for s in SPLITS:  # at least one reduction step per slice, at most two waves
+                if s <= triton.cdiv(reduction, c.block_red) and tiles * s <= 2 * sm_count:
+                    out.append(dataclasses.replace(c, split_k=s))
+    if sm_count and prune:  # among whole tiles: split-K has its own bounds above
+        programs = [_programs(kernel, rows, cols, reduction, c) if c.split_k == 1 else None for c in out]
+        if max(p for p in programs if p is not None) >= sm_count:
+            floor = MIN_PROGRAMS_PER_SM * sm_count
+            out = [c for i, (c, p) in enumerate(zip(out, programs)) if i == 0 or p is None or p >= floor]
+    out.append(dataclasses.replace(heuristic, backend=CUBLAS))
+    return out
+
+
+STRICT_FP32_CHOICES = ("ieee", "tf32x3")
+
+
+def strict_fp32_from_env(value: str | None) -> str:
+    """How 'highest' fp32 runs, from LOADBENCH_STRICT_FP32 (unset: 'tf32x3')."""
+    if value in (None, ""):
+        return "tf32x3"
+    if value not in STRICT_FP32_CHOICES:
+        raise ValueError(f"LOADBENCH_STRICT_FP32={value!r}: use one of {', '.join(STRICT_FP32_CHOICES)}")
+    return value
+
+
+STRICT_FP32 = strict_fp32_from_env(os.environ.get("LOADBENCH_STRICT_FP32"))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype != torch.float32:
+        return "ieee"  # 16-bit inputs: the tensor cores, fp32 accumulation
+    return STRICT_FP32 if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+# ------------------------------------------------------------------------ planning
+
+
+KERNELS = ("fwd", "dw", "dx")
+
+
+def _mnk(kernel: str, rows: int, cols: int, reduction: int) -> tuple[int, int, int]:
+    """(M, N, K) of the layer from a kernel's output rows x cols and its reduction."""
+    if kernel == "fwd":
+        return rows, cols, reduction
+    if kernel == "dw":
+        return reduction, rows, cols
+    return rows, reduction, cols  # dx
+
+
+def kernel_shapes(m: int, n: int, k: int, input_grad: bool = True) -> list[tuple[str, int, int, int]]:
+    """(kernel, rows, cols, reduction) of the kernels a layer (M, N, K) launches."""
+    out = [("fwd", m, n, k), ("dw", n, k, m)]
+    return out + [("dx", m, k, n)] if input_grad else out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a launch needs besides the tensors, worked out once per shape."""
+
+    cfg: LaunchConfig
+    grid: tuple
+    splits: int = 1  # dw: split-K slices in use (never an empty one)
+    m_per_split: int = 0  # dw: batch rows per slice
+    sum_grid: tuple = ()  # dw with splits > 1: the partial-sum kernel's grid
+
+    @property
+    def programs(self) -> int:
+        return math.prod(self.grid) if self.grid else 0
+
+
+def _make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> _Plan:
+    if cfg.backend == CUBLAS:  # only the forward's epilogue has a grid per shape
+        fwd = kernel == "fwd"
+        return _Plan(cfg, (triton.cdiv(rows, EPILOGUE_BLOCK[0]), triton.cdiv(cols, EPILOGUE_BLOCK[1])) if fwd else ())
+    tiles = triton.cdiv(rows, cfg.block_r) * triton.cdiv(cols, cfg.block_c)
+    if kernel == "dw" and cfg.split_k > 1:
+        steps = triton.cdiv(reduction, cfg.block_red)
+        per_split = triton.cdiv(steps, max(1, min(cfg.split_k, steps))) * cfg.block_red  # on step boundaries
+        splits = triton.cdiv(reduction, per_split) if reduction else 1
+        if splits > 1:
+            sum_grid = (triton.cdiv(rows * cols + rows, SUM_BLOCK),)
+            return _Plan(cfg, (tiles, splits), splits, per_split, sum_grid)
+    return _Plan(cfg, (tiles,), 1, reduction)

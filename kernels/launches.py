@@ -1,0 +1,611 @@
+"""Where the fused op's launch configurations come from, per process: the committed
+table, the per-user cache, first-use tuning and the launch report
+(kernels/linear_act.py launches; kernels/launch_plan.py plans).
+
+Launch configurations come from `launch_config` / `launch_report`, resolved once per
+(kernel, shape, dtype, device) per process and then kept in a dict, so the eager hot
+path (`_plan`) does one dict lookup, not a table walk, a heuristic or an environment
+read per call. Where a configuration comes from ('source' in `launch_report()`), in
+order:
+
+1. 'table': kernels/launch_table.json, measured offline by `python -m kernels.tune`
+   per GPU model and shape class, committed (the table wins over the cache);
+2. 'cache': the per-user cache of tiles tuned on first use (kernels/tuning_cache.py),
+   keyed by GPU model and the Triton and torch versions;
+3. 'tuned': on the first eager call of a shape class neither covers, the candidates
+   (split-K and the cuBLAS route included) are compiled at once on a thread pool,
+   each is timed briefly from a CUDA graph, the few fastest are timed again properly
+   and the fastest of those is used and stored in the cache, with a progress line on
+   stderr (`kernels.tune --dry-run` counts what that costs);
+4. 'heuristic': `heuristic_config`, where nothing can be measured (CPU, the
+   interpreter), tuning is off, or the first call comes during CUDA-graph capture or
+   torch.compile tracing, where no timing may run: that call uses the heuristic, the
+   report says so, and the next eager call tunes.
+
+Table and cache are keyed by `launch_plan.shape_key`. LOADBENCH_TUNE=off|cache|always
+picks the policy (kernels/tuning_cache.py).
+
+Timing (`time_launch`) and compiling ahead (`precompile`) run the op's own launch code,
+which kernels/linear_act.py hands over when it loads (`use_launch_code`): it imports
+this module for its plans, so this module does not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from kernels import tuning_cache
+from kernels.launch_plan import ACTIVATIONS
+from kernels.launch_plan import CUBLAS
+from kernels.launch_plan import KEY_FORMAT
+from kernels.launch_plan import SILU
+from kernels.launch_plan import TIMED_ACTIVATION
+from kernels.launch_plan import LaunchConfig
+from kernels.launch_plan import _CLASS_OF
+from kernels.launch_plan import _make_plan
+from kernels.launch_plan import _mnk
+from kernels.launch_plan import _Plan
+from kernels.launch_plan import _precision
+from kernels.launch_plan import activation_class
+from kernels.launch_plan import heuristic_config
+from kernels.launch_plan import kernel_shapes
+from kernels.launch_plan import shape_key
+from kernels.launch_plan import tuning_candidates
+from kernels.tuning_cache import TuningCache
+
+# kernels/launch_table.json, written by `python -m kernels.tune` on each GPU model:
+# per GPU name, "key_format" (KEY_FORMAT) and "configs" keyed by `shape_key`, each a
+# LaunchConfig (split_k and backend included: the routes are table entries too).
+TABLE_PATH = Path(__file__).with_name("launch_table.json")
+
+# The hot path: (kernel, rows, cols, reduction, dtype, device, precision, activation
+# class) -> plan. Only final answers go in (table, cache, tuned, or the heuristic
+# where nothing can be tuned).
+_PLANS: dict[tuple, _Plan] = {}
+# Set only by a tuner while it measures a candidate: the config every call then uses.
+_FORCED: dict[str, LaunchConfig] = {}
+
+# (kernel, M, N, K, dtype, config, device, *, activation, quick) -> ms per call
+Measure = Callable[..., float]
+# (kernel, M, N, K, dtype, configs, device, *, activation) -> kernels compiled
+Prepare = Callable[..., int]
+
+# Successive halving: every candidate is first timed briefly (QUICK_TIMING: calls per
+# graph, replays), only the FINALISTS fastest (and the heuristic's tile, the baseline
+# the report compares with) again with FULL_TIMING, and the choice rests on the full
+# timing alone. A quick timing is about a tenth of a full one in kernel executions; its
+# ranking need only put the true winner among the first four.
+QUICK_TIMING = (5, 3)
+FULL_TIMING = (20, 10)
+FINALISTS = 4
+# silu's tiles are chosen among the pointwise class's finalists at the same shape
+# (where that class was tuned first, as the experiments order it): the same GEMM with
+# a heavier epilogue and prologue reorders close tiles, not distant ones, and silu's
+# own compilations (its ACTIVATION is a constexpr) would otherwise add about a third
+# to first-use tuning. The heuristic's tile and the cuBLAS route are always timed too.
+SEED_CLASSES = {"silu": "pointwise"}
+
+
+def _stream_capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _why_not_now(like: torch.Tensor) -> str | None:
+    """Why no timing may run in this call, if none may: a graph being captured would
+    record the tuner's launches, and a traced (fake) tensor has no data to time."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if torch.compiler.is_compiling() or is_fake(like):
+        return "torch.compile tracing"
+    if _stream_capturing(like.device):
+        return "CUDA-graph capture"
+    return None
+
+
+class _Launches:
+    """Where this process's launch configurations come from: the mode, the committed
+    table and the per-user cache (each read once), the tuner, and the report."""
+
+    def __init__(
+        self,
+        mode: str | None = None,
+        cache_dir: str | Path | None = None,
+        tables: dict[str, dict[str, Any]] | None = None,
+        measure: Measure | None = None,
+        sm_count: int | None = None,
+        prepare: Prepare | None = None,
+    ) -> None:
+        self.mode = tuning_cache.tune_mode_from_env(os.environ.get("LOADBENCH_TUNE") if mode is None else mode)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else tuning_cache.cache_dir()
+        self._table_file = tables  # None: TABLE_PATH, read on first need
+        self._tables: dict[str, dict[str, LaunchConfig]] = {}
+        self._caches: dict[str, TuningCache] = {}
+        self._models: dict[torch.device, str] = {}
+        self._measure = measure  # None: CUDA-graph timing on a GPU, nothing to measure elsewhere
+        self._prepare = prepare  # None: parallel compilation where _measure is None too
+        self._sm_count = sm_count
+        self._tuned: dict[tuple[str, str], LaunchConfig] = {}  # (gpu, key): tuned in this process
+        self._finalists: dict[tuple[str, str], list[LaunchConfig]] = {}  # (gpu, key): fastest first
+        self.report: dict[tuple, dict[str, Any]] = {}
+        self.tuning_seconds = 0.0
+        self.tuning_counts = {"shapes": 0, "candidates": 0, "quick": 0, "full": 0, "compiled": 0}
+        self._warned: set[str] = set()
+
+    def _warn_once(self, what: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(what, stacklevel=4)
+
+    # --------------------------------------------------------------- sources
+
+    def model(self, device: torch.device) -> str:
+        """The GPU model's name (what the table and the cache are keyed by), or 'cpu'."""
+        if device not in self._models:
+            self._models[device] = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        return self._models[device]
+
+    def table(self, gpu: str) -> dict[str, LaunchConfig]:
+        if gpu not in self._tables:
+            if self._table_file is None:
+                try:
+                    self._table_file = json.loads(TABLE_PATH.read_text())
+                except (OSError, ValueError) as exc:
+                    self._warn_once(f"{TABLE_PATH}: unreadable ({exc}); launching without the committed table")
+                    self._table_file = {}
+            group = self._table_file.get(gpu, {})
+            raw = group.get("configs", {}) if isinstance(group, dict) else {}
+            if raw and group.get("key_format") != KEY_FORMAT:
+                self._warn_once(
+                    f"{TABLE_PATH}: {gpu}: tuned before its keys named the precision and activation class "
+                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. Re-tune it: python -m kernels.tune"
+                )
+                raw = {}
+            parsed = {}
+            for key, cfg in raw.items():
+                try:
+                    parsed[key] = cfg if isinstance(cfg, LaunchConfig) else LaunchConfig.from_dict(cfg)
+                except (ValueError, TypeError) as exc:
+                    self._warn_once(f"{TABLE_PATH}: {gpu}: {key}: {exc}; using the heuristic for it")
+            self._tables[gpu] = parsed
+        return self._tables[gpu]
+
+    def cache(self, gpu: str) -> TuningCache:
+        if gpu not in self._caches:
+            key = tuning_cache.cache_key(gpu, triton.__version__, torch.__version__)
+            self._caches[gpu] = TuningCache(self.cache_dir, key)
+        return self._caches[gpu]
+
+    def cached(self, gpu: str, key: str) -> LaunchConfig | None:
+        entry = self.cache(gpu).get(key)
+        if entry is None:
+            return None
+        try:
+            return LaunchConfig.from_dict(entry["config"])
+        except (ValueError, TypeError, KeyError) as exc:
+            self._warn_once(f"{self.cache(gpu).path}: {key}: {exc}; re-tuning it")
+            return None
+
+    def measure(self, device: torch.device) -> Measure | None:
+        if self._measure is not None:
+            return self._measure
+        return time_launch if device.type == "cuda" else None
+
+    def prepare(self, device: torch.device) -> Prepare | None:
+        if self._prepare is not None or self._measure is not None:
+            return self._prepare
+        return precompile if device.type == "cuda" else None
+
+    def sm_count(self, device: torch.device) -> int | None:
+        if self._sm_count is None and device.type == "cuda":
+            self._sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        return self._sm_count
+
+    # ------------------------------------------------------------- resolution
+
+    def resolve(
+        self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device,
+        busy: str | None, precision: str, act_class: str,
+    ) -> tuple[LaunchConfig, str, str | None, bool]:  # fmt: skip
+        """(config, source, note, final). Not final: the heuristic stood in for a
+        tuning that could not run now (`busy` says why); the next call asks again."""
+        gpu = self.model(device)
+        key = shape_key(kernel, rows, cols, red, dtype, precision, act_class)
+        if self.mode != "always":
+            cfg = self.table(gpu).get(key)
+            if cfg is not None:
+                return cfg, "table", None, True
+        if (gpu, key) in self._tuned:  # another shape of the same class, tuned in this process
+            return self._tuned[gpu, key], "tuned", None, True
+        if self.mode == "cache":
+            cfg = self.cached(gpu, key)
+            if cfg is not None:
+                return cfg, "cache", None, True
+        heuristic = heuristic_config(rows, cols, red, dtype)
+        measure = self.measure(device)
+        if self.mode == "off" or measure is None:
+            return heuristic, "heuristic", None, True
+        if busy is not None:
+            return heuristic, "heuristic", f"first call during {busy}: heuristic for it, tuned on the next eager call", False
+        cfg, note = self.tune(kernel, rows, cols, red, dtype, device, measure, precision, act_class)
+        return (cfg, "tuned", None, True) if cfg is not None else (heuristic, "heuristic", note, True)
+
+    def tune(
+        self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device,
+        measure: Measure, precision: str, act_class: str,
+    ) -> tuple[LaunchConfig | None, str | None]:  # fmt: skip
+        """Compile every candidate at once, time each briefly, time the finalists
+        properly, keep the fastest in the cache; one progress line."""
+        gpu, key = self.model(device), shape_key(kernel, rows, cols, red, dtype, precision, act_class)
+        m, n, k = _mnk(kernel, rows, cols, red)
+        activation = TIMED_ACTIVATION[act_class]
+        cands = tuning_candidates(kernel, rows, cols, red, dtype, self.sm_count(device))
+        seeds = self.seeds(gpu, kernel, rows, cols, red, dtype, precision, act_class)
+        if seeds is not None:
+            cands = list(dict.fromkeys([cands[0], *seeds, cands[-1]]))  # heuristic, seeds, cuBLAS
+        label = f"loadbench: tuning {key} (M={m} N={n} K={k}) on {gpu}, {len(cands)} candidates"
+        tty = sys.stderr.isatty()
+        print(label, end="" if tty else " ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        prepare = self.prepare(device)
+        compiled = 0
+        if prepare is not None:
+            try:
+                compiled = int(prepare(kernel, m, n, k, dtype, cands, device, activation=activation))
+            except Exception:  # compiling ahead is an optimisation: the timing compiles what is left
+                compiled = 0
+
+        def timed(i: int, quick: bool) -> float | None:
+            try:
+                ms = float(measure(kernel, m, n, k, dtype, cands[i], device, activation=activation, quick=quick))
+            except Exception:  # a tile too large for this GPU's shared memory, or a route that cannot run
+                return None
+            return ms if math.isfinite(ms) else None
+
+        quick: dict[int, float | None] = {}
+        if len(cands) > FINALISTS + 1:
+            for i in range(len(cands)):
+                quick[i] = timed(i, True)
+                if tty:
+                    print(f"\r{label}: {i + 1}/{len(cands)}", end="", file=sys.stderr, flush=True)
+            ranked = sorted((ms, i) for i, ms in quick.items() if ms is not None)  # ties: first listed
+            finalists = sorted({i for _, i in ranked[:FINALISTS]} | ({0} if quick[0] is not None else set()))
+        else:
+            finalists = list(range(len(cands)))
+        full = {i: timed(i, False) for i in finalists}
+        seconds = time.perf_counter() - start
+        self.tuning_seconds += seconds
+        counts = self.tuning_counts
+        counts["shapes"] += 1
+        counts["candidates"] += len(cands)
+        counts["quick"] += len(quick)
+        counts["full"] += len(finalists)
+        counts["compiled"] += compiled
+        ranked_full = sorted((ms, i) for i, ms in full.items() if ms is not None)
+        if not ranked_full:
+            print(f" -> no candidate ran; heuristic ({seconds:.1f} s)", file=sys.stderr, flush=True)
+            return None, "no tuning candidate ran"
+        best_ms, best = ranked_full[0][0], cands[ranked_full[0][1]]
+        self._finalists[gpu, key] = [cands[i] for _, i in ranked_full]
+        heuristic_ms = full.get(0)  # candidate 0 is the heuristic's tile
+        versus = f"heuristic {heuristic_ms * 1000:.1f} us" if heuristic_ms is not None else "heuristic not a finalist or failed"
+        print(f" -> {best.describe()}: {best_ms * 1000:.1f} us ({versus}) in {seconds:.1f} s", file=sys.stderr, flush=True)
+        entry = {
+            "config": dataclasses.asdict(best),
+            "ms": best_ms,
+            "heuristic_ms": heuristic_ms,
+            "shape": [m, n, k],
+            "precision": precision,
+            "activation": act_class,
+            "timed_with": activation,
+            "candidates": len(cands),
+            "seeded_from": SEED_CLASSES.get(act_class) if seeds is not None else None,
+            "finalists": [dataclasses.asdict(cands[i]) for _, i in ranked_full],  # fastest first
+            "failed": sum(t is None for t in (quick or full).values()),
+            "compiled_ahead": compiled,
+            "seconds": round(seconds, 3),
+            "timing": f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
+            f"{QUICK_TIMING[0]} calls x {QUICK_TIMING[1]} replays, the {FINALISTS} fastest and the heuristic "
+            f"{FULL_TIMING[0]} x {FULL_TIMING[1]}",
+            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        self._tuned[gpu, key] = best
+        try:
+            self.cache(gpu).put(key, entry)
+        except OSError as exc:  # a read-only home must not stop a run: keep the tile for this process
+            self._warn_once(f"{self.cache(gpu).path}: cannot store tuned tiles ({exc}); they last this process only")
+        return best, None
+
+    def seeds(
+        self, gpu: str, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, precision: str, act_class: str
+    ) -> list[LaunchConfig] | None:
+        """For a class SEED_CLASSES seeds: the finalists of the same shape in the seeding
+        class, fastest first, from this process or the cache; None if it has none."""
+        source = SEED_CLASSES.get(act_class)
+        if source is None:
+            return None
+        key = shape_key(kernel, rows, cols, red, dtype, precision, source)
+        if (gpu, key) in self._finalists:
+            return self._finalists[gpu, key]
+        entry = self.cache(gpu).get(key) if self.mode != "off" else None
+        if not entry:
+            return None
+        try:
+            return [LaunchConfig.from_dict(c) for c in entry["finalists"]] or None
+        except (ValueError, TypeError, KeyError):  # an older entry: no finalists kept
+            return None
+
+    # ------------------------------------------------------------------- plans
+
+    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> _Plan:
+        dtype, device = like.dtype, like.device
+        cfg, source, note, final = self.resolve(
+            kernel, rows, cols, red, dtype, device, _why_not_now(like), precision, act_class
+        )
+        plan = _make_plan(kernel, rows, cols, red, cfg)
+        self.record(kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class)
+        if final:
+            _PLANS[(kernel, rows, cols, red, dtype, device, precision, act_class)] = plan
+        return plan
+
+    def record(self, kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class) -> None:  # type: ignore[no-untyped-def]
+        cfg = plan.cfg
+        route = cfg.describe() if cfg.backend == CUBLAS else f"triton split-K {plan.splits}" if plan.splits > 1 else "triton"
+        entry: dict[str, Any] = {
+            "kernel": kernel,
+            "dtype": str(dtype).removeprefix("torch."),
+            "precision": precision,
+            "activation": act_class,
+            "shape": list(_mnk(kernel, rows, cols, red)),  # M, N, K of the layer
+            "device": self.model(device),
+            "key": shape_key(kernel, rows, cols, red, dtype, precision, act_class),
+            "source": source,
+            "route": route,
+            "config": dataclasses.asdict(cfg),
+        }
+        if note:
+            entry["note"] = note
+        slot = (kernel, rows, cols, red, dtype, str(device), precision, act_class)
+        earlier = self.report.get(slot)
+        if earlier is not None and earlier.get("deferred"):
+            # A graph captured (or a trace made) before this call keeps the heuristic's tile.
+            entry["fallback"] = {k: earlier[k] for k in ("config", "source", "note") if k in earlier}
+        if not final:
+            entry["deferred"] = True
+        self.report[slot] = entry
+
+
+_STATE: _Launches | None = None
+
+
+def _state() -> _Launches:
+    global _STATE
+    if _STATE is None:
+        _STATE = _Launches()
+    return _STATE
+
+
+def _plan(
+    kernel: str, rows: int, cols: int, reduction: int, like: torch.Tensor, precision: str, act_class: str
+) -> _Plan:
+    """The launch plan for a call: a dict lookup after the first call of a shape."""
+    if _FORCED:
+        cfg = _FORCED.get(kernel)
+        if cfg is not None:
+            return _make_plan(kernel, rows, cols, reduction, cfg)
+    try:
+        return _PLANS[(kernel, rows, cols, reduction, like.dtype, like.device, precision, act_class)]
+    except KeyError:
+        return _state().plan(kernel, rows, cols, reduction, like, precision, act_class)
+    except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) do not hash: plan per trace
+        return _make_plan(kernel, rows, cols, reduction, heuristic_config(rows, cols, reduction, like.dtype))
+
+
+def launch_config(
+    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, device: torch.device | str | None = None,
+    activation: int | str = "leaky_relu",
+) -> LaunchConfig:  # fmt: skip
+    """The tile `kernel` uses for a `rows` x `cols` output reducing over `reduction`
+    (at the current float32 matmul precision): what this process already uses for the
+    shape, else table, cache or heuristic. It never tunes (only a call of the op does)."""
+    if kernel in _FORCED:
+        return _FORCED[kernel]
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    precision, act_class = _precision(dtype), activation_class(activation)
+    plan = _PLANS.get((kernel, rows, cols, reduction, dtype, device, precision, act_class))
+    if plan is not None:
+        return plan.cfg
+    return _state().resolve(kernel, rows, cols, reduction, dtype, device, "a lookup", precision, act_class)[0]
+
+
+def launch_report() -> list[dict[str, Any]]:
+    """Per kernel and shape this process launched: the config, its source ('table',
+    'cache', 'tuned', 'heuristic'), the route ('triton', 'triton split-K S',
+    'cublas+epilogue'), the precision and activation class it was keyed by and, where
+    the first call could not tune, a note (and, once tuned, a 'fallback' naming the
+    tile that call used)."""
+    entries = _state().report.values() if _STATE is not None else []
+    order = lambda e: (e["dtype"], e["precision"], e["activation"], e["kernel"], e["shape"])  # noqa: E731
+    return [json.loads(json.dumps(e)) for e in sorted(entries, key=order)]
+
+
+def tuning_seconds() -> float:
+    """Seconds this process spent tuning (compiling ahead and timing candidates)."""
+    return _STATE.tuning_seconds if _STATE is not None else 0.0
+
+
+def tuning_counts() -> dict[str, int]:
+    """What this process's first-use tuning did: shapes tuned, candidates, quick and
+    full timings, kernels compiled ahead."""
+    return dict(_STATE.tuning_counts) if _STATE is not None else {}
+
+
+def reset_launch_state(**overrides: Any) -> None:
+    """Forget every plan and re-read LOADBENCH_TUNE, the table and the cache on next
+    use. Tests and tools pass `_Launches` arguments (mode, cache_dir, tables,
+    measure, sm_count, prepare) to replace what the environment would give."""
+    global _STATE
+    _PLANS.clear()
+    _STATE = _Launches(**overrides) if overrides else None
+
+
+# ------------------------------------------------------------ the op's launch code
+
+
+# What time_launch and precompile run: kernels/linear_act.py's `_forward` and
+# `_backward` (each takes a launcher last) and its eager launcher, handed over when it
+# loads. It imports this module for its plans, so this module does not import it: the
+# dependency goes one way (tests/test_layout.py allows no import circle, lazy or not).
+_OP_CODE: tuple[Callable[..., Any], Callable[..., Any], Callable[..., None]] | None = None
+
+
+def use_launch_code(forward: Callable[..., Any], backward: Callable[..., Any], launch: Callable[..., None]) -> None:
+    """The op's forward and backward launch code and its eager launcher, for timing."""
+    global _OP_CODE
+    _OP_CODE = (forward, backward, launch)
+
+
+def _op_code() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., None]]:
+    if _OP_CODE is None:
+        raise RuntimeError("kernels.launches: no launch code to time; import kernels.linear_act first")
+    return _OP_CODE
+
+
+def _launch_warmup(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """Compile only (precompile): nothing runs, the outputs stay unwritten."""
+    fn.warmup(*args, grid=grid, **kwargs)
+
+
+def replay_ms(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
+    """Median milliseconds per call of `fn`, `calls` calls captured in one CUDA graph
+    and replayed: GPU time, not the Python launch cost that eager timing of these
+    microsecond kernels would measure. Lean on purpose (a capture of 20 calls, not
+    do_bench_cudagraph's hundreds): first-use tuning times some 20 candidates per
+    shape, and ranking them needs a few percent, not more."""
+    fn()  # compile, allocate and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
+@contextlib.contextmanager
+def _forcing(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> Any:
+    """Every call inside runs `cfg` for `kernel` and the heuristic's tile for the
+    layer's other kernels, so nothing in it resolves or tunes (it may run inside a call
+    of the op: first-use tuning); the forced tiles before it come back after."""
+    before = dict(_FORCED)
+    _FORCED.update({kn: heuristic_config(r, c, red, dtype) for kn, r, c, red in kernel_shapes(m, n, k)})
+    _FORCED[kernel] = cfg
+    try:
+        yield
+    finally:
+        _FORCED.clear()
+        _FORCED.update(before)
+
+
+def _layer_tensors(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(m, k, device=device, dtype=dtype)
+    w = torch.randn(n, k, device=device, dtype=dtype)
+    b = torch.randn(n, device=device, dtype=dtype)
+    return x, w, b
+
+
+def time_launch(
+    kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig,
+    device: torch.device | None = None, calls: int | None = None, replays: int | None = None,
+    timer: Callable[[Callable[[], object]], float] | None = None,
+    activation: str = "leaky_relu", quick: bool = False,
+) -> float:  # fmt: skip
+    """Milliseconds per call of `kernel` (with `cfg`) at layer shape (M, N, K), from
+    CUDA-graph replay (`replay_ms`; tests pass another `timer`), with QUICK_TIMING or
+    FULL_TIMING unless `calls` and `replays` say otherwise. 'dx' is timed with 'dw' (one
+    launch runs both); the other kernels of the call run their heuristic tile."""
+    device = torch.device("cuda") if device is None else device
+    default = QUICK_TIMING if quick else FULL_TIMING
+    calls, replays = calls or default[0], replays or default[1]
+    timer = timer or (lambda fn: replay_ms(fn, calls, replays))
+    act = ACTIVATIONS[activation]
+    forward, backward, launch = _op_code()
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), _forcing(kernel, m, n, k, dtype, cfg):
+        x, w, b = _layer_tensors(m, n, k, dtype, device)
+        prec, cls = _precision(dtype), _CLASS_OF[act]
+        y, z = forward(x, w, b, act, prec, cls, launch)
+        saved = z if act == SILU else y
+        dy = torch.randn_like(y)
+        if kernel == "fwd":
+            return timer(lambda: forward(x, w, b, act, prec, cls, launch))
+        return timer(lambda: backward(dy, saved, x, w, act, kernel == "dx", prec, cls, launch))
+
+
+# Threads compiling candidates ahead of timing (Triton's AsyncCompileMode): compiling is
+# most of first-use tuning's cost, and ptxas, a separate process per kernel, and
+# Triton's passes run in parallel. Bounded so tuning does not swamp a shared host.
+COMPILE_THREADS = int(os.environ.get("LOADBENCH_TUNE_THREADS") or 8)
+
+
+def precompile(
+    kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfgs: list[LaunchConfig], device: torch.device,
+    activation: str = "leaky_relu", threads: int | None = None,
+) -> int:  # fmt: skip
+    """Compile every candidate's kernels for layer (M, N, K) at once, before any is
+    timed: the same code path as a call, with each launch replaced by Triton's
+    `warmup` (compile, no launch) under AsyncCompileMode, so the compiles run on a
+    thread pool. Returns the number of candidates handed to it; 0 where Triton has no
+    AsyncCompileMode or runs its interpreter. A candidate that fails to compile here
+    fails again, and is skipped, when it is timed."""
+    mode = getattr(triton, "AsyncCompileMode", None)
+    if mode is None or os.environ.get("TRITON_INTERPRET") == "1" or not cfgs:
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    act = ACTIVATIONS[activation]
+    forward, backward, _ = _op_code()
+    prec, cls = _precision(dtype), _CLASS_OF[act]
+    workers = max(1, min(threads or COMPILE_THREADS, os.cpu_count() or 1, len(cfgs)))
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), ThreadPoolExecutor(workers) as pool:
+        x, w, b = _layer_tensors(m, n, k, dtype, device)
+        y = torch.empty((m, n), device=device, dtype=dtype)
+        try:
+            compiling = mode(pool, ignore_errors=True)
+        except TypeError:  # older Triton: no ignore_errors
+            compiling = mode(pool)
+        handed = 0
+        with contextlib.suppress(Exception), compiling:
+            for cfg in cfgs:
+                with _forcing(kernel, m, n, k, dtype, cfg):
+                    if kernel == "fwd":
+                        forward(x, w, b, act, prec, cls, _launch_warmup)
+                    else:
+                        backward(y, y, x, w, act, kernel == "dx", prec, cls, _launch_warmup)
+                handed += 1
+    return handed
