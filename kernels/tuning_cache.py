@@ -1,7 +1,7 @@
 """The per-user cache of launch configurations tuned on first use.
 
 A GPU model the committed table (kernels/launch_table.json) does not cover gets its
-tiles measured once, on first use (kernels/linear_act.py decides when); the winners
+tiles measured once, on first use (kernels/launches.py decides when); the winners
 land here, so later runs, other shards and other checkouts of the same user reuse
 them. This module only stores and reads; it knows nothing about kernels.
 
@@ -12,7 +12,7 @@ platform's cache directory (Linux: $XDG_CACHE_HOME or ~/.cache; macOS:
 What: entries are grouped by `cache_key(gpu, triton, torch)`: a tile measured on one
 GPU model with one Triton and torch build says nothing about another (a new Triton
 compiles the same tile differently), so a version change re-tunes instead of trusting
-stale numbers. Inside a group, entries are keyed by `linear_act.shape_key`: kernel,
+stale numbers. Inside a group, entries are keyed by `launch_plan.shape_key`: kernel,
 dtype, the dot's precision (strict fp32 runs 'tf32x3' or 'ieee', TF32 'tf32'; 16-bit
 'ieee'), activation class ('pointwise', 'silu', 'identity') and the shape class. Keys
 written before the precision and the activation class were in them ('dw:float32:512:
