@@ -4,7 +4,10 @@ Each case launches torchrun with `world` ranks (NCCL, one GPU each; gloo on a CP
 trains through one of two data-parallel loops (model/distributed.py):
 
 - ``graph``: the flat gradient buffer all-reduced once per step and the fused optimizer
-  kernel, one CUDA graph per epoch (model/dp_graph.py); eager on gloo.
+  kernel (model/dp_graph.py), replayed from CUDA graphs of the epoch on NCCL only with
+  LOADBENCH_DP_GRAPH=1 in the environment (the capture hung on 2x H100 with torch 2.11).
+  Without it, and on gloo, the same step runs eagerly: the record's ``loop`` says which
+  ran ('graph' or 'fast') and ``note`` why, so an eager case is never read as a graph one.
 - ``ddp``: DistributedDataParallel on the eager fast loop, kept as the comparison.
 
 Scaling: strong at a global batch of 512 and 2048 (the batch split over the ranks),
@@ -95,7 +98,8 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, 
         base[key] = median
     speedup = one_gpu["median_epoch_s"] / median
     benchmark.extra_info.update(
-        world_size=world, data_parallel=result["data_parallel"], loop=result["loop"], scaling=scaling,
+        world_size=world, data_parallel=result["data_parallel"], loop=result["loop"], note=result.get("note"),
+        scaling=scaling,
         width=width, global_batch=config.batch_size, batch_per_rank=config.batch_size / world,
         backend=result["backend"], optimizer_impl=result["optimizer_impl"],
         median_epoch_s=median, samples_per_s=result["train_frames"] / median,

@@ -10,10 +10,13 @@ device-resident data as in the fast loop. Which loop runs follows ``TrainConfig.
 - ``'fast'`` (and ``'reference'``): DistributedDataParallel on the eager fast loop;
   DDP's bucketed all-reduce overlaps the backward pass.
 - ``'graph'`` / ``'step-graph'``: model/dp_graph.py, the flat gradient buffer
-  all-reduced once per step and the fused optimizer kernel, replayed from one CUDA
-  graph per epoch (or per step); on gloo the same step runs eagerly.
+  all-reduced once per step and the fused optimizer kernel, replayed from CUDA graphs
+  of the epoch (or one per step) on NCCL only with LOADBENCH_DP_GRAPH=1 (the capture
+  hung on 2x H100 with torch 2.11: model/dp_graph.py says what is known); without it,
+  and on gloo, the same step runs eagerly.
 
-The record names both (``data_parallel``, ``loop``). The all-reduce share of epoch
+The record names both (``data_parallel``, ``loop``: the loop that ran) and, where that
+is not the loop asked for, says why (``note``). The all-reduce share of epoch
 time comes from a profile of one more epoch on rank 0 (torch.profiler): NCCL kernel
 time (gloo: all-reduce time) over that epoch's time.
 
@@ -23,20 +26,29 @@ time (gloo: all-reduce time) over that epoch's time.
 `launch` runs that command with a timeout and stops every rank if one fails or hangs,
 if the caller is interrupted, or (on Linux) if the calling process dies. A hung rank
 inside a replayed graph is out of reach of NCCL's watchdog (captured collectives are
-not tracked), so the launcher's timeout is what ends it.
+not tracked), so the launcher's timeout is what ends it; its error then carries what
+the ranks wrote (their errors, the end of their output). With LOADBENCH_DUMP_STACKS_S=N
+each rank prints every thread's Python stack every N seconds (faulthandler), so a
+timed-out run says where each rank stood. A rank destroys its CUDA graphs before its
+process group (NCCL waits for them), and a process-group teardown that still does not
+return within TEARDOWN_TIMEOUT_S ends the rank (with its exit status) rather than
+hanging it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
+import faulthandler
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,18 +83,38 @@ class DistributedError(RuntimeError):
 
 def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str | None = None) -> dict[str, Any]:
     """The body of one rank; returns rank 0's record (other ranks return {})."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     cuda = dist.get_backend() == "nccl"
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     data = load_dataset(source, scale=scale, device=device, seed=config.seed)
-    if config.loop in GRAPH_LOOPS:
-        flat = FlatDataParallel(config, data)
-        model, epoch, how, loop, kind = flat.model, flat.epoch, flat.optimizer_impl, flat.loop, "flat-allreduce"
-    else:
+    if config.loop not in GRAPH_LOOPS:
         model, epoch, how = _ddp(config, data)
-        loop, kind = "fast", "ddp"
+        return _train(config, data, model, epoch, how, loop="fast", kind="ddp", note=None, weights_out=weights_out)
+    flat = FlatDataParallel(config, data)
+    try:
+        return _train(config, data, flat.model, flat.epoch, flat.optimizer_impl, loop=flat.loop, kind="flat-allreduce",
+                      note=flat.note, weights_out=weights_out)  # fmt: skip
+    finally:
+        flat.release()  # its CUDA graphs die before the process group does
+
+
+def _train(
+    config: TrainConfig,
+    data: Dataset,
+    model: torch.nn.Module,
+    epoch: Callable[[], float],
+    how: str,
+    *,
+    loop: str,
+    kind: str,
+    note: str | None,
+    weights_out: str | None,
+) -> dict[str, Any]:
+    """Train and profile through `epoch`; rank 0's record (other ranks return {})."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device, cuda = data.device, dist.get_backend() == "nccl"
     n = len(data.y_train)
 
     def timed(fn: Any) -> tuple[float, float]:
@@ -116,7 +148,8 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
         "world_size": world,
         "backend": dist.get_backend(),
         "data_parallel": kind,  # 'ddp' or 'flat-allreduce'
-        "loop": loop,  # the loop that ran: 'graph' runs as 'fast' (eagerly) on gloo
+        "loop": loop,  # the loop that ran: 'graph' runs as 'fast' (eagerly) on gloo, and on NCCL unless opted in
+        "note": note,  # why the loop that ran is not the one asked for, else None
         "optimizer_impl": how,
         "epoch_seconds": seconds,
         "losses": losses,
@@ -206,22 +239,40 @@ def launch(
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _stop(process)
-        raise DistributedError(f"data-parallel run on {world_size} ranks timed out after {timeout_s:g} s; all ranks stopped") from None
+        output = _stop(process)
+        errors = sorted(workdir.glob(f"{out.name}.rank*.err"))
+        try:
+            # What the ranks left: an error a rank wrote before its teardown hung, stacks
+            # from LOADBENCH_DUMP_STACKS_S, NCCL's log. The message's first line stays as is.
+            detail = "\n".join([*_rank_errors(errors), *output.strip().splitlines()[-TIMEOUT_TAIL_LINES:]])
+        finally:
+            out.unlink(missing_ok=True)
+            for error in errors:
+                error.unlink(missing_ok=True)
+        raise DistributedError(
+            f"data-parallel run on {world_size} ranks timed out after {timeout_s:g} s; all ranks stopped"
+            + (f"\n{detail}" if detail else "")
+        ) from None
     except BaseException:  # Ctrl-C or an error in the caller: no rank outlives the launch
         _stop(process)
         raise
     errors = sorted(workdir.glob(f"{out.name}.rank*.err"))
     try:
         if process.returncode != 0 or not out.is_file():
-            reasons = [f"{e.suffixes[-2][1:]}: {e.read_text().strip()}" for e in errors]
-            detail = "\n".join(reasons) or failure_detail(output)
+            detail = "\n".join(_rank_errors(errors)) or failure_detail(output)
             raise DistributedError(f"data-parallel run on {world_size} ranks failed (exit {process.returncode}):\n{detail}")
         return json.loads(out.read_text())
     finally:
         out.unlink(missing_ok=True)
         for error in errors:
             error.unlink(missing_ok=True)
+
+
+TIMEOUT_TAIL_LINES = 60  # of the ranks' output, in a timed-out launch's error
+
+
+def _rank_errors(errors: list[Path]) -> list[str]:
+    return [f"{e.suffixes[-2][1:]}: {e.read_text().strip()}" for e in errors]
 
 
 def failure_detail(output: str, summary: int = 15, before: int = 10) -> str:
@@ -239,9 +290,37 @@ def failure_detail(output: str, summary: int = 15, before: int = 10) -> str:
 PARENT_ENV = "LOADBENCH_LAUNCHER_PID"
 
 
-def _stop(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGKILL)  # torchrun and every rank it started
-    process.communicate()
+def _stop(process: subprocess.Popen) -> str:
+    """Kill torchrun and every rank it started; what they printed.
+
+    torch.distributed.elastic starts each rank in a session of its own, out of reach of
+    torchrun's process group (killing that group alone orphans running ranks, and the
+    launcher's read of their output then waits for them). So torchrun is stopped first,
+    to start no more, its children (the ranks) are killed with their process groups,
+    then torchrun's group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGSTOP)
+    for pid in _children(process.pid):
+        for kill in (os.killpg, os.kill):  # the rank's group (its session), or the rank alone
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    output, _ = process.communicate()
+    return output or ""
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, read from /proc (none where there is no /proc)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after 'pid (command)': state, ppid, ...
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
 
 
 def _torchrun_bound_to_parent(argv: list[str]) -> None:
@@ -272,19 +351,60 @@ def main() -> None:
     args = parser.parse_args()
     config = TrainConfig(**json.loads(args.config))
     rank = os.environ.get("RANK", "0")
+    if os.environ.get(STACKS_ENV):
+        faulthandler.dump_traceback_later(float(os.environ[STACKS_ENV]), repeat=True)
+    failed = True
     try:
         dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))
         try:
             record = train_rank(config, args.source, args.scale, args.weights)
             if dist.get_rank() == 0:
                 Path(args.out).write_text(json.dumps(record))
+            failed = False
+        except Exception as exc:
+            _write_rank_error(args.out, rank, exc)  # before the teardown, which may hang
+            raise
         finally:
-            dist.destroy_process_group()
+            if not finished_within(dist.destroy_process_group, TEARDOWN_TIMEOUT_S):
+                print(f"model.distributed: rank {rank}: the process group's teardown did not return within "
+                      f"{TEARDOWN_TIMEOUT_S:g} s; exiting without it", file=sys.stderr, flush=True)  # fmt: skip
+                sys.stdout.flush()
+                os._exit(1 if failed else 0)  # the record (or the error) is written; nothing else to wait for
     except Exception as exc:
-        # The launcher reads this to say which rank failed and why; torchrun's own
-        # summary keeps only exit codes.
-        Path(f"{args.out}.rank{rank}.err").write_text(f"{type(exc).__name__}: {exc}")
+        if not Path(f"{args.out}.rank{rank}.err").exists():
+            _write_rank_error(args.out, rank, exc)  # init_process_group's own failure
         raise
+
+
+STACKS_ENV = "LOADBENCH_DUMP_STACKS_S"
+TEARDOWN_TIMEOUT_S = 60.0
+
+
+def _write_rank_error(out: str, rank: str, exc: BaseException) -> None:
+    """The launcher reads this to say which rank failed and why; torchrun's own summary
+    keeps only exit codes."""
+    Path(f"{out}.rank{rank}.err").write_text(f"{type(exc).__name__}: {exc}")
+
+
+def finished_within(fn: Callable[[], object], timeout_s: float) -> bool:
+    """Run `fn` on a daemon thread; whether it returned within `timeout_s`. An exception
+    it raises counts as returned and is raised here."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the caller
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name="teardown", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return False
+    if raised:
+        raise raised[0]
+    return True
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@ shard selection and merging.
 
 Both data-parallel loops must train exactly as one process does at the same global
 batch: DistributedDataParallel (loop 'fast') and the flat all-reduce (loop 'graph',
-eager on gloo, replayed from CUDA graphs on GPUs). On a CPU the flat loop's optimizer
-and loss kernels run through Triton's interpreter: the models here stay tiny.
+eager on gloo and, unless LOADBENCH_DP_GRAPH=1, on NCCL; replayed from CUDA graphs on
+GPUs with it). The GPU tests of the graph capture run only with LOADBENCH_DP_GRAPH=1
+exported (model/dp_graph.py says why and how to diagnose it). On a CPU the flat loop's
+optimizer and loss kernels run through Triton's interpreter: the models here stay tiny.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,10 +27,14 @@ from bench.plugin.compare import RECORD_KEY
 from bench.tools.merge import MergeError
 from bench.tools.merge import merge_runs
 from bench.tools.report import build_report
+from model import distributed
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.distributed import DistributedError
+from model.distributed import finished_within
 from model.distributed import launch
+from model.dp_graph import GRAPH_ENV
+from model.dp_graph import resolve_loop
 from model.train import Trainer
 
 pytestmark = pytest.mark.distributed
@@ -35,6 +42,11 @@ SCALE = 0.02
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 gpu = pytest.mark.gpu
 needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
+DP_GRAPH = resolve_loop("graph", "nccl")[0] == "graph"  # LOADBENCH_DP_GRAPH=1 exported
+needs_dp_graph = pytest.mark.skipif(
+    not DP_GRAPH,
+    reason=f"the NCCL graph capture is opt-in ({GRAPH_ENV}=1): it hung on 2x H100 with torch 2.11 (model/dp_graph.py)",
+)
 
 
 def single_process_weights(config: TrainConfig, device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -111,6 +123,7 @@ def test_flat_allreduce_loop_trains_like_one_process(tmp_path) -> None:
     config = TrainConfig(width=16, depth=2, epochs=2, batch_size=batch_leaving_one_frame(), optimizer_impl="triton")
     record, ours = trained(config.replace(loop="graph"), tmp_path)
     assert (record["data_parallel"], record["loop"]) == ("flat-allreduce", "fast")  # no graph on gloo
+    assert record["note"] == "'graph' requested, runs eagerly on gloo: CUDA graphs need NCCL on GPUs"
     assert record["optimizer_impl"] == "triton-flat+capturable"
     assert_same_weights(ours, single_process_weights(config), atol=1e-5)
 
@@ -128,8 +141,93 @@ def test_flat_allreduce_loop_refuses_compile_with_one_clear_error(tmp_path) -> N
                timeout_s=120, workdir=tmp_path)  # fmt: skip
 
 
+# ------------------------------------------------- which loop a request runs
+
+
+@pytest.mark.parametrize(
+    ("loop", "backend", "env", "runs", "note"),
+    [
+        ("graph", "nccl", {}, "fast", "'graph' requested, runs eagerly on NCCL"),
+        ("step-graph", "nccl", {}, "fast", "'step-graph' requested, runs eagerly on NCCL"),
+        ("graph", "nccl", {GRAPH_ENV: "0"}, "fast", "'graph' requested, runs eagerly on NCCL"),
+        ("graph", "nccl", {GRAPH_ENV: ""}, "fast", "'graph' requested, runs eagerly on NCCL"),
+        ("graph", "nccl", {GRAPH_ENV: "graph"}, "fast", "'graph' requested, runs eagerly on NCCL"),
+        ("graph", "nccl", {GRAPH_ENV: "1"}, "graph", None),
+        ("step-graph", "nccl", {GRAPH_ENV: " True "}, "step-graph", None),
+        ("graph", "nccl", {GRAPH_ENV: "yes"}, "graph", None),
+        ("graph", "gloo", {}, "fast", "'graph' requested, runs eagerly on gloo"),
+        ("graph", "gloo", {GRAPH_ENV: "1"}, "fast", "'graph' requested, runs eagerly on gloo"),  # no graphs on a CPU
+    ],
+)
+def test_the_nccl_graph_loop_is_opt_in(loop, backend, env, runs, note) -> None:
+    ran, why = resolve_loop(loop, backend, env)
+    assert ran == runs
+    if note is None:
+        assert why is None
+    else:
+        assert why.startswith(note)
+        if backend == "nccl":  # the note sends a reader to the reason and says how to opt in
+            assert "torch 2.11" in why and "README" in why and f"{GRAPH_ENV}=1" in why
+
+
+def test_resolving_a_loop_that_is_no_graph_loop_is_an_error() -> None:
+    with pytest.raises(ValueError, match="'fast' is not a graph loop"):
+        resolve_loop("fast", "nccl", {})
+
+
+def test_resolving_reads_the_process_environment_by_default(monkeypatch) -> None:
+    monkeypatch.setenv(GRAPH_ENV, "1")
+    assert resolve_loop("graph", "nccl") == ("graph", None)
+    monkeypatch.delenv(GRAPH_ENV)
+    assert resolve_loop("graph", "nccl")[0] == "fast"
+
+
+def test_a_bounded_teardown_says_whether_it_returned() -> None:
+    # No timing involved: one call returns at once, the other never does.
+    never = threading.Event()
+    assert finished_within(lambda: None, timeout_s=60)
+    assert not finished_within(never.wait, timeout_s=0.05)
+    with pytest.raises(KeyError, match="raised in the teardown"):
+        finished_within(lambda: {}["raised in the teardown"], timeout_s=60)
+
+
+def test_a_timed_out_run_reports_what_the_ranks_left(tmp_path, monkeypatch) -> None:
+    # Ranks stand in for ones hung in their teardown: one wrote its error, and their output
+    # holds a stack (what LOADBENCH_DUMP_STACKS_S prints). Both reach the caller.
+    real_popen = subprocess.Popen
+
+    def hanging_ranks(command, **kwargs):
+        out = command[command.index("--out") + 1]
+        Path(f"{out}.rank1.err").write_text("RuntimeError: rank 1 gave up")
+        script = "echo 'Thread 0x1 (most recent call first):'; echo '  File \"x.py\", line 9 in release'; exec sleep 600"
+        return real_popen(["sh", "-c", script], **kwargs)
+
+    monkeypatch.setattr(distributed.subprocess, "Popen", hanging_ranks)
+    with pytest.raises(DistributedError, match="timed out after 20 s; all ranks stopped") as error:
+        launch(TrainConfig(epochs=1), 2, backend="gloo", timeout_s=20, workdir=tmp_path)
+    message = str(error.value)
+    assert "rank1: RuntimeError: rank 1 gave up" in message
+    assert "(most recent call first)" in message and "line 9 in release" in message
+    assert not list(tmp_path.glob("ddp-*"))  # the error file is gone too
+
+
 @gpu
 @needs_two_gpus
+@pytest.mark.skipif(DP_GRAPH, reason=f"{GRAPH_ENV}=1 is exported: loop 'graph' captures")
+def test_nccl_graph_request_runs_the_flat_loop_eagerly_by_default(tmp_path) -> None:
+    # The same flat step, all-reduced by NCCL eagerly, against the single-GPU graph loop.
+    config = TrainConfig(width=64, depth=2, epochs=2, batch_size=batch_leaving_one_frame(), optimizer="sgd",
+                         optimizer_impl="triton", loop="graph")  # fmt: skip
+    record, ours = trained(config, tmp_path, backend="nccl")
+    assert (record["data_parallel"], record["loop"]) == ("flat-allreduce", "fast")
+    assert "runs eagerly on NCCL" in record["note"]
+    assert record["allreduce_profile"]["allreduce_calls"] >= record["allreduce_profile"]["steps"]
+    assert_same_weights(ours, single_process_weights(config, device="cuda"), atol=1e-5)
+
+
+@gpu
+@needs_two_gpus
+@needs_dp_graph
 @pytest.mark.parametrize(("optimizer", "atol"), [("sgd", 1e-5), ("adam", 1e-4)])
 def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, optimizer, atol) -> None:
     # Replayed from one CUDA graph per epoch with the all-reduces captured, against the
@@ -140,7 +238,7 @@ def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, optimizer, atol) -> None:
     config = TrainConfig(width=64, depth=2, epochs=3, batch_size=batch_leaving_one_frame(), optimizer=optimizer,
                          optimizer_impl="triton", loop="graph")  # fmt: skip
     record, ours = trained(config, tmp_path, backend="nccl")
-    assert (record["data_parallel"], record["loop"]) == ("flat-allreduce", "graph")
+    assert (record["data_parallel"], record["loop"], record["note"]) == ("flat-allreduce", "graph", None)
     profile = record["allreduce_profile"]
     # The profiler must see the captured NCCL kernels, or the share is not measured.
     assert profile["allreduce_calls"] >= profile["steps"], profile
@@ -151,8 +249,9 @@ def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, optimizer, atol) -> None:
 @gpu
 @needs_two_gpus
 def test_a_hanging_nccl_graph_run_leaves_nothing_on_the_gpus(tmp_path) -> None:
-    # Captured collectives are out of the NCCL watchdog's reach: the launcher's timeout
-    # must still stop every rank, and the driver then frees their GPUs.
+    # A run far longer than its timeout (replayed from graphs with LOADBENCH_DP_GRAPH=1,
+    # eager without; captured collectives are out of the NCCL watchdog's reach): the
+    # launcher's timeout must still stop every rank, and the driver then frees their GPUs.
     pattern = f"model.distributed.*{tmp_path.name}"
     seen: set[str] = set()
     done = threading.Event()
@@ -191,6 +290,39 @@ def test_a_hanging_run_times_out_and_leaves_nothing_running(tmp_path, loop) -> N
         launch(TrainConfig(epochs=1000, width=64, loop=loop), 2, scale=SCALE, backend="gloo", timeout_s=2, workdir=tmp_path)
     time.sleep(0.5)
     assert _count(f"model.distributed.*{tmp_path.name}") == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ranks are found through /proc")
+def test_stopping_a_launch_kills_ranks_in_sessions_of_their_own(tmp_path) -> None:
+    # torchrun starts every rank with start_new_session: killing torchrun's process group
+    # alone leaves running ranks behind, and the launcher waits on their output forever.
+    pid_file = tmp_path / "rank.pid"
+    rank = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    torchrun = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True); time.sleep(600)"
+    )
+    process = subprocess.Popen([sys.executable, "-c", torchrun], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rank_pid = int(pid_file.read_text())
+    assert os.getsid(rank_pid) == rank_pid != os.getsid(process.pid)  # as torchrun's ranks are
+    distributed._stop(process)  # returns: nothing holds the output pipe any more
+    assert process.returncode is not None
+    deadline = time.monotonic() + 10  # the killed rank is reaped by init
+    while _alive(rank_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(rank_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie is dead, waiting to be reaped
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher binds torchrun to its parent through prctl")
