@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from model.compress import Compression
-from model.compress import Served
 from model.compress import Unsupported
 from model.compress import compress
 from model.config import TrainConfig
