@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
-from optuna.trial import TrialState
+
+optuna = pytest.importorskip("optuna", reason="the search needs optuna (pip install -e '.[test]')")
+from optuna.trial import TrialState  # noqa: E402
 
 from bench.search.cli import main
 from bench.search.objective import ENERGY
@@ -330,3 +331,15 @@ def test_the_real_objective_on_the_smoke_profile(tmp_path) -> None:
     assert summary["counts"]["complete"] == 2
     fp32 = next(r for r in summary["trials"] if r["preset"] == "fp32")
     assert fp32["latency_kind"] == "eager" and fp32["accuracy_drop"] == 0 and fp32["values"]["p99_latency_s"] > 0
+
+
+def test_without_optuna_the_search_says_how_to_get_it() -> None:
+    hide_optuna = (
+        "import runpy, sys; sys.modules['optuna'] = None; "  # what an environment without optuna looks like to find_spec
+        "runpy.run_module('bench.search', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", hide_optuna, "--help"], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "python -m bench.search: needs optuna, an optional dependency: pip install -e '.[search]'"
+    ]
