@@ -44,6 +44,10 @@ from model.compress import unsupported_reason
 from model.inference import IMPLS
 from model.inference import evaluate
 
+# On a GPU the whole matrix is 22 cases x 9 variants x 3 implementations, about 5 s each at
+# the quick profile: `pytest bench/ -m "not serving"` leaves it out of a training run.
+pytestmark = pytest.mark.serving
+
 SMOKE_CASES = ("blocks-3",)  # the optimal configuration (every experiment holds it once)
 CACHE_ENV = "LOADBENCH_MODEL_CACHE"
 RECORD_KEYS = (
