@@ -1,4 +1,4 @@
-"""The fast loop replayed from CUDA graphs: one graph per epoch, or one per step.
+"""The fast loop replayed from CUDA graphs: the whole epoch, or one graph per step.
 
 At these sizes a training step is a few dozen short kernels, so launching them from
 Python costs more than running them; a graph launches them all at once. The data
