@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import json
 import math
-import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from model.compress import Unsupported
 from model.compress import compress
 from model.config import TrainConfig
 from model.data import Dataset
+from model.files import write_atomic
 from model.metrics import classification_report
 from model.mlp import MLP
 from model.train import Trainer
@@ -365,24 +365,17 @@ def trained_model(config: TrainConfig, data: Dataset, *, profile: str, cache_dir
     state = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
     metrics = trainer.evaluate()
     trainer.release()
-    _write_atomically(path, {"key": json.dumps(key, sort_keys=True), "state_dict": state,
+    _save(path, {"key": json.dumps(key, sort_keys=True), "state_dict": state,
                              "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"]})  # fmt: skip
     model = _build(config, data)
     model.load_state_dict(state)
     return model.to(data.device).eval()
 
 
-def _write_atomically(path: Path, payload: dict[str, object]) -> None:
-    """Write then rename, so a crash or a parallel run never leaves half a file under the name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(handle)
-    try:
-        torch.save(payload, temporary)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+def _save(path: Path, payload: dict[str, object]) -> None:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_atomic(path, buffer.getvalue())  # a crash or a parallel run never leaves half a file
 
 
 # ------------------------------------------------------------------ one trial

@@ -7,13 +7,14 @@ small; empty cells are values that were not available.
 from __future__ import annotations
 
 import csv
+import io
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from collections.abc import Mapping
 from pathlib import Path
+
+from model.files import write_atomic
 
 
 def safe_name(test_name: str) -> str:
@@ -25,21 +26,12 @@ def write_series(path: Path, samples: Iterable[Mapping[str, float | None]]) -> P
     columns: list[str] = []
     for row in rows:
         columns.extend(key for key in row if key not in columns)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A temporary name of its own: shards or runs started in the same second may share a folder.
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(columns)
-            for row in rows:
-                writer.writerow(["" if row.get(c) is None else f"{row[c]:.6g}" for c in columns])
-        os.chmod(partial, 0o644)
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
-    return path
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else f"{row[c]:.6g}" for c in columns])
+    return write_atomic(path, text.getvalue())
 
 
 def read_series(path: Path) -> dict[str, list[float]]:

@@ -21,6 +21,7 @@ from bench.plugin.compare import RECORD_KEY
 from bench.plugin.compare import BaselineError
 from bench.plugin.compare import gpu_name
 from bench.plugin.compare import read_run
+from model.files import write_atomic
 
 
 class MergeError(ValueError):
@@ -99,7 +100,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MergeError as exc:
         print(f"mlp-loadbench merge: {exc}", file=sys.stderr)
         return 2
-    from bench.tools.report import write_atomic
 
     write_atomic(args.out, json.dumps(merged, indent=2))
     print(f"merged {len(args.shards)} shards, {len(merged['benchmarks'])} benchmarks -> {args.out}")

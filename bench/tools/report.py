@@ -23,9 +23,7 @@ import argparse
 import importlib.util
 import io
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +48,7 @@ from bench.tools.runs import Run
 from bench.tools.runs import by_gpu
 from bench.tools.runs import find_run_files
 from bench.tools.runs import load_runs
+from model.files import write_atomic
 from bench.monitor.series import read_series
 from bench.plugin.summary import COLUMNS
 from bench.plugin.summary import study_row
@@ -66,19 +65,6 @@ class ReportError(Exception):
     """Nothing to report; the message says why."""
 
 
-def write_atomic(path: Path, data: bytes | str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are for reading
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def png(fig: Any) -> bytes:

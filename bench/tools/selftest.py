@@ -88,6 +88,7 @@ from bench.plugin.compare import read_run
 from bench.plugin.compare import time_limit
 from bench.plugin.compare import time_samples
 from bench.plugin.options import DEFAULT_BUDGETS
+from model.files import write_atomic
 
 FORMULA = (
     "suggested time_slower_pct = max(1.0, k x spread, 1.5 x largest A/A change) in percent, "
@@ -506,7 +507,6 @@ def by_case_id(results: Sequence[CaseResult]) -> dict[str, list[CaseResult]]:
 
 
 def write_outputs(out: Path, campaign: Campaign, results: Sequence[CaseResult], budgets_path: Path) -> str:
-    from bench.tools.report import write_atomic
 
     text = markdown(campaign, results, budgets_path)
     write_atomic(out / "selftest.md", text)
