@@ -237,17 +237,26 @@ def check_time(
         return []
     if current.get("throttled") or baseline.get("throttled"):
         return []  # inconclusive: clocks were held down
-    alpha = budget.time_alpha if budget.time_alpha is not None else DEFAULT_ALPHA
-    p = float(mannwhitneyu(now, then, alternative="greater").pvalue)
-    if p >= alpha:
+    significance = _significantly_slower(now, then, budget.time_alpha, "epochs")
+    if significance is None:
         return []  # not significant within the run (with n <= 3 per side it never can be)
     return [
         Failure(
             "epoch_time_ratio", ratio, 1 + limit, 1.0,
             f"median epoch {statistics.median(now):.4g} s vs {statistics.median(then):.4g} s; limit from {rule}; "
-            f"Mann-Whitney U p={p:.2g} < {alpha:g} over {len(now)} vs {len(then)} epochs",
+            f"{significance}",
         )
     ]  # fmt: skip
+
+
+def _significantly_slower(now: Sequence[float], then: Sequence[float], alpha: float | None, what: str) -> str | None:
+    """The one-sided Mann-Whitney U test both gates end with: its verdict in words when
+    `now` is significantly larger than `then` at `alpha`, else None."""
+    alpha = alpha if alpha is not None else DEFAULT_ALPHA
+    p = float(mannwhitneyu(now, then, alternative="greater").pvalue)
+    if p >= alpha:
+        return None
+    return f"Mann-Whitney U p={p:.2g} < {alpha:g} over {len(now)} vs {len(then)} {what}"
 
 
 def latency_rounds(extra_info: dict[str, Any]) -> list[float]:
@@ -275,15 +284,14 @@ def check_latency(
     ratio = p99_now / p99_then
     if ratio <= 1 + limit or current.get("throttled") or baseline.get("throttled"):
         return []
-    alpha = budget.latency_alpha if budget.latency_alpha is not None else DEFAULT_ALPHA
-    p = float(mannwhitneyu(now, then, alternative="greater").pvalue)
-    if p >= alpha:
+    significance = _significantly_slower(now, then, budget.latency_alpha, "rounds' p99")
+    if significance is None:
         return []
     return [
         Failure(
             "latency_p99_ratio", ratio, 1 + limit, 1.0,
             f"batch-1 p99 {p99_now * 1e6:.4g} us vs {p99_then * 1e6:.4g} us ({current.get('latency_mode')}); "
-            f"limit from {why}; Mann-Whitney U p={p:.2g} < {alpha:g} over {len(now)} vs {len(then)} rounds' p99",
+            f"limit from {why}; {significance}",
         )
     ]  # fmt: skip
 
