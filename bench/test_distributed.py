@@ -4,9 +4,8 @@ Each case launches torchrun with `world` ranks (NCCL, one GPU each; gloo on a CP
 trains through one of two data-parallel loops (model/distributed.py):
 
 - ``graph``: the flat gradient buffer all-reduced once per step and the fused optimizer
-  kernel (model/dp_graph.py), replayed from CUDA graphs of the epoch on NCCL only with
-  LOADBENCH_DP_GRAPH=1 in the environment (the capture hung on 2x H100 with torch 2.11).
-  Without it, and on gloo, the same step runs eagerly: the record's ``loop`` says which
+  kernel (model/dp_graph.py), replayed from CUDA graphs of the epoch on NCCL. With
+  LOADBENCH_DP_GRAPH=0, and on gloo, the same step runs eagerly: the record's ``loop`` says which
   ran ('graph' or 'fast') and ``note`` why, so an eager case is never read as a graph one.
 - ``ddp``: DistributedDataParallel on the eager fast loop, kept as the comparison.
 

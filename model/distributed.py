@@ -11,9 +11,8 @@ device-resident data as in the fast loop. Which loop runs follows ``TrainConfig.
   DDP's bucketed all-reduce overlaps the backward pass.
 - ``'graph'`` / ``'step-graph'``: model/dp_graph.py, the flat gradient buffer
   all-reduced once per step and the fused optimizer kernel, replayed from CUDA graphs
-  of the epoch (or one per step) on NCCL only with LOADBENCH_DP_GRAPH=1 (the capture
-  hung on 2x H100 with torch 2.11: model/dp_graph.py says what is known); without it,
-  and on gloo, the same step runs eagerly.
+  of the epoch (or one per step) on NCCL; with LOADBENCH_DP_GRAPH=0, and on gloo, the
+  same step runs eagerly.
 
 The record names both (``data_parallel``, ``loop``: the loop that ran) and, where that
 is not the loop asked for, says why (``note``). The all-reduce share of epoch
@@ -148,7 +147,7 @@ def _train(
         "world_size": world,
         "backend": dist.get_backend(),
         "data_parallel": kind,  # 'ddp' or 'flat-allreduce'
-        "loop": loop,  # the loop that ran: 'graph' runs as 'fast' (eagerly) on gloo, and on NCCL unless opted in
+        "loop": loop,  # the loop that ran: 'graph' runs as 'fast' (eagerly) on gloo, and on NCCL with LOADBENCH_DP_GRAPH=0
         "note": note,  # why the loop that ran is not the one asked for, else None
         "optimizer_impl": how,
         "epoch_seconds": seconds,

@@ -19,62 +19,24 @@ the same seed and starts from rank 0's weights.
 
 Which loop runs (`resolve_loop`): on NCCL, ``loop='graph'`` captures the whole epoch as
 graphs of model/graph_loop.py's STEPS_PER_GRAPH steps (its warm-up, reset and capture),
-the all-reduces included, and ``'step-graph'`` one graph per step, but ONLY with
-LOADBENCH_DP_GRAPH=1 in the ranks' environment. Without it a graph loop on NCCL runs the
-same step eagerly (the NCCL all-reduce of the flat buffer, the fused optimizer kernel)
-and the record's ``loop`` and ``note`` say so: on 2x H100 with torch 2.11 the graph runs
-never finished (below). Elsewhere (gloo on a CPU) the step always runs eagerly, so CPU
-tests check the math.
+the all-reduces included, and ``'step-graph'`` one graph per step. LOADBENCH_DP_GRAPH=0
+in the ranks' environment runs the same step eagerly instead (the NCCL all-reduce of the
+flat buffer, the fused optimizer kernel), and the record's ``loop`` and ``note`` say so.
+Elsewhere (gloo on a CPU) the step always runs eagerly, so CPU tests check the math.
 
-Why the graph loop is opt-in. On 2x H100 80GB HBM3 (torch 2.11.0+cu130, its NCCL),
-`pytest tests/test_distributed.py -m gpu -v -x` stopped at
-test_nccl_graph_loop_trains_like_one_gpu[sgd-1e-05] and `pytest bench/test_distributed.py
--k "graph and units-512"` gave nothing, each killed after 110 s, with capture_error_mode
-'global' and 'thread_local' alike, while the DDP cases ran. No stack was taken, so where the ranks stood is not known. Causes,
-most likely first, none yet confirmed on a GPU:
-
-1. Teardown, not training: NCCL's ncclCommDestroy/ncclCommAbort wait until every CUDA
-   graph that captured a collective of the communicator is destroyed (commDestroySync
-   polls while comm->localPersistentRefs != 0), so dist.destroy_process_group() with a
-   captured graph alive never returns; the ranks then never exit and the launcher sees
-   a hang although training ended (pytorch/pytorch#115388, vllm-project/vllm#39846,
-   NVIDIA-NeMo/Megatron-Bridge#3595). Here the graphs stayed alive: FlatDataParallel and
-   its _GraphEpoch referred to each other, a cycle only the garbage collector frees.
-   Fixed since (`FlatDataParallel.release`, called by model/distributed.py before the
-   process group is destroyed); unverified on a GPU.
-2. A replay whose captured all-reduce one rank never joins: ranks must replay the same
-   graphs in the same order, and captured NCCL work is out of the watchdog's reach
-   (nothing times it out). Mixing captured and eager collectives on one communicator
-   (the epoch's loss all-reduce, the barrier) is supported by NCCL's graph-mixing
-   mechanism, which NCCL's docs say has deadlocked CUDA in some setups
-   (NCCL_GRAPH_MIXING_SUPPORT=0 turns it off; docs.nvidia.com/deeplearning/nccl,
-   "Using NCCL with CUDA Graphs"); a host sync during a replay with a captured
-   all-reduce has also been seen to stall (pytorch/pytorch#196133).
-3. Capture itself: older torch waited in CUDAGraph::capture_begin, without a timeout, for
-   the watchdog's pending NCCL work (the warning "Waiting for pending NCCL work to finish
-   before starting graph capture"; never with TORCH_NCCL_BLOCKING_WAIT=1); a watchdog
-   event query could invalidate a 'global' capture (pytorch/pytorch#104487, #105182,
-   #148594). torch 2.11 queries in thread-local mode, and this loop captures
-   'thread_local' anyway.
-
-Diagnosing on two GPUs (next session; about 5 minutes of device time). Every variable
-reaches the ranks through the launcher's environment (keep the machine's
-NCCL_NVLS_ENABLE=0); LOADBENCH_DUMP_STACKS_S makes each
-rank print every thread's Python stack every N seconds (faulthandler), and a timed-out
-launch's error carries the end of the ranks' output, so the stacks and NCCL's log come
-back in the DistributedError:
-
-    export LOADBENCH_DP_GRAPH=1 LOADBENCH_DUMP_STACKS_S=20 NCCL_DEBUG=INFO \\
-        NCCL_DEBUG_SUBSYS=INIT,COLL TORCH_CPP_LOG_LEVEL=INFO PYTHONUNBUFFERED=1
-    python -c "from model.config import TrainConfig; from model.distributed import launch
-    print(launch(TrainConfig(width=64, depth=2, epochs=2, batch_size=100, loop='graph'), 2,
-                 scale=0.02, backend='nccl', timeout_s=90))"
-    # then the same with loop='step-graph', and with NCCL_GRAPH_MIXING_SUPPORT=0
-    pytest tests/test_distributed.py -m gpu -v -x    # with LOADBENCH_DP_GRAPH=1 exported
-
-Read the stacks: destroy_process_group (cause 1, should be gone), replay or
-float(self.total) (cause 2), _capture or _warm_up (cause 3). Only once these pass on two
-GPUs should the graph loop become the default on NCCL (`resolve_loop`).
+Teardown: NCCL does not destroy or abort a communicator while a CUDA graph that
+captured one of its collectives is alive (ncclCommDestroy waits for the graphs'
+references to go), so a rank must destroy its graphs before
+dist.destroy_process_group(): `FlatDataParallel.release`, which model/distributed.py
+calls first. Measured on 2x H100 80GB HBM3 (torch 2.11.0+cu130, NCCL 2.28.9), two
+ranks capturing one all-reduce in a graph and replaying it: with the graph alive,
+destroy_process_group never returned; with the graph released first, it returned in
+0.4 s. That was the "hang" of the first graph runs: training had finished. Captured
+and eager collectives on one communicator mix without trouble there (the epoch's loss
+all-reduce and the barrier are eager), with NCCL's graph-mixing support on or off.
+A rank stuck inside a replay is still out of reach of NCCL's watchdog (captured work is
+not tracked): the launcher's timeout ends it, and LOADBENCH_DUMP_STACKS_S=N makes each
+rank print its threads' stacks every N seconds so the timeout's error says where.
 """
 
 from __future__ import annotations
@@ -98,27 +60,31 @@ from model.train import make_optimizer
 from model.train import seed_everything
 
 GRAPH_ENV = "LOADBENCH_DP_GRAPH"
-NCCL_EAGER_NOTE = (
-    "'{loop}' requested, runs eagerly on NCCL: the captured all-reduce hung with torch 2.11 "
-    f"(see README, 'Beyond one GPU'); {GRAPH_ENV}=1 captures it"
-)
+NCCL_EAGER_NOTE = f"'{{loop}}' requested, runs eagerly on NCCL: {GRAPH_ENV}={{value}} in the environment"
 GLOO_EAGER_NOTE = "'{loop}' requested, runs eagerly on {backend}: CUDA graphs need NCCL on GPUs"
 
 
 def resolve_loop(loop: str, backend: str, env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
     """The loop a data-parallel graph request runs, and a note when that is not the one asked for.
 
-    `loop` is 'graph' or 'step-graph'. On NCCL it runs as asked only when `env` (the
-    process's environment by default) sets LOADBENCH_DP_GRAPH to 1 (or true, yes, on);
-    otherwise, and on any other backend, the same step runs eagerly: ('fast', note)."""
+    `loop` is 'graph' or 'step-graph'. On NCCL it runs as asked unless `env` (the
+    process's environment by default) sets LOADBENCH_DP_GRAPH to 0 (or false, no, off);
+    then, and on any other backend, the same step runs eagerly: ('fast', note)."""
     if loop not in GRAPH_LOOPS:
         raise ValueError(f"data-parallel flat loop: {loop!r} is not a graph loop ({', '.join(GRAPH_LOOPS)})")
     env = os.environ if env is None else env
+    value = env.get(GRAPH_ENV, "").strip()
+    if value.lower() not in _ON | _OFF:
+        raise ValueError(f"{GRAPH_ENV}={value!r}: use 1 (replay from CUDA graphs, the default) or 0 (run eagerly)")
     if backend != "nccl":
         return "fast", GLOO_EAGER_NOTE.format(loop=loop, backend=backend)
-    if env.get(GRAPH_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
-        return loop, None
-    return "fast", NCCL_EAGER_NOTE.format(loop=loop)
+    if value.lower() in _OFF:
+        return "fast", NCCL_EAGER_NOTE.format(loop=loop, value=value)
+    return loop, None
+
+
+_ON = {"", "1", "true", "yes", "on"}
+_OFF = {"0", "false", "no", "off"}
 
 
 class FlatDataParallel:

@@ -2,11 +2,10 @@
 shard selection and merging.
 
 Both data-parallel loops must train exactly as one process does at the same global
-batch: DistributedDataParallel (loop 'fast') and the flat all-reduce (loop 'graph',
-eager on gloo and, unless LOADBENCH_DP_GRAPH=1, on NCCL; replayed from CUDA graphs on
-GPUs with it). The GPU tests of the graph capture run only with LOADBENCH_DP_GRAPH=1
-exported (model/dp_graph.py says why and how to diagnose it). On a CPU the flat loop's
-optimizer and loss kernels run through Triton's interpreter: the models here stay tiny.
+batch: DistributedDataParallel (loop 'fast') and the flat all-reduce (loop 'graph':
+replayed from CUDA graphs on NCCL, eager on gloo and with LOADBENCH_DP_GRAPH=0). On a
+CPU the flat loop's optimizer and loss kernels run through Triton's interpreter: the
+models here stay tiny.
 """
 
 from __future__ import annotations
@@ -42,11 +41,6 @@ SCALE = 0.02
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 gpu = pytest.mark.gpu
 needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
-DP_GRAPH = resolve_loop("graph", "nccl")[0] == "graph"  # LOADBENCH_DP_GRAPH=1 exported
-needs_dp_graph = pytest.mark.skipif(
-    not DP_GRAPH,
-    reason=f"the NCCL graph capture is opt-in ({GRAPH_ENV}=1): it hung on 2x H100 with torch 2.11 (model/dp_graph.py)",
-)
 
 
 def single_process_weights(config: TrainConfig, device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -147,27 +141,30 @@ def test_flat_allreduce_loop_refuses_compile_with_one_clear_error(tmp_path) -> N
 @pytest.mark.parametrize(
     ("loop", "backend", "env", "runs", "note"),
     [
-        ("graph", "nccl", {}, "fast", "'graph' requested, runs eagerly on NCCL"),
-        ("step-graph", "nccl", {}, "fast", "'step-graph' requested, runs eagerly on NCCL"),
-        ("graph", "nccl", {GRAPH_ENV: "0"}, "fast", "'graph' requested, runs eagerly on NCCL"),
-        ("graph", "nccl", {GRAPH_ENV: ""}, "fast", "'graph' requested, runs eagerly on NCCL"),
-        ("graph", "nccl", {GRAPH_ENV: "graph"}, "fast", "'graph' requested, runs eagerly on NCCL"),
+        ("graph", "nccl", {}, "graph", None),
+        ("step-graph", "nccl", {}, "step-graph", None),
+        ("graph", "nccl", {GRAPH_ENV: ""}, "graph", None),
         ("graph", "nccl", {GRAPH_ENV: "1"}, "graph", None),
         ("step-graph", "nccl", {GRAPH_ENV: " True "}, "step-graph", None),
-        ("graph", "nccl", {GRAPH_ENV: "yes"}, "graph", None),
+        ("graph", "nccl", {GRAPH_ENV: "0"}, "fast", f"'graph' requested, runs eagerly on NCCL: {GRAPH_ENV}=0"),
+        ("step-graph", "nccl", {GRAPH_ENV: "off"}, "fast", "'step-graph' requested, runs eagerly on NCCL"),
         ("graph", "gloo", {}, "fast", "'graph' requested, runs eagerly on gloo"),
         ("graph", "gloo", {GRAPH_ENV: "1"}, "fast", "'graph' requested, runs eagerly on gloo"),  # no graphs on a CPU
     ],
 )
-def test_the_nccl_graph_loop_is_opt_in(loop, backend, env, runs, note) -> None:
+def test_nccl_replays_graphs_unless_the_environment_says_0(loop, backend, env, runs, note) -> None:
     ran, why = resolve_loop(loop, backend, env)
     assert ran == runs
     if note is None:
         assert why is None
     else:
         assert why.startswith(note)
-        if backend == "nccl":  # the note sends a reader to the reason and says how to opt in
-            assert "torch 2.11" in why and "README" in why and f"{GRAPH_ENV}=1" in why
+
+
+@pytest.mark.parametrize("value", ["graph", "2", "eager"])
+def test_an_unknown_graph_setting_is_one_clear_error(value) -> None:
+    with pytest.raises(ValueError, match=f"{GRAPH_ENV}='{value}': use 1 .* or 0"):
+        resolve_loop("graph", "nccl", {GRAPH_ENV: value})
 
 
 def test_resolving_a_loop_that_is_no_graph_loop_is_an_error() -> None:
@@ -176,10 +173,10 @@ def test_resolving_a_loop_that_is_no_graph_loop_is_an_error() -> None:
 
 
 def test_resolving_reads_the_process_environment_by_default(monkeypatch) -> None:
-    monkeypatch.setenv(GRAPH_ENV, "1")
-    assert resolve_loop("graph", "nccl") == ("graph", None)
-    monkeypatch.delenv(GRAPH_ENV)
+    monkeypatch.setenv(GRAPH_ENV, "0")
     assert resolve_loop("graph", "nccl")[0] == "fast"
+    monkeypatch.delenv(GRAPH_ENV)
+    assert resolve_loop("graph", "nccl") == ("graph", None)
 
 
 def test_a_bounded_teardown_says_whether_it_returned() -> None:
@@ -213,9 +210,9 @@ def test_a_timed_out_run_reports_what_the_ranks_left(tmp_path, monkeypatch) -> N
 
 @gpu
 @needs_two_gpus
-@pytest.mark.skipif(DP_GRAPH, reason=f"{GRAPH_ENV}=1 is exported: loop 'graph' captures")
-def test_nccl_graph_request_runs_the_flat_loop_eagerly_by_default(tmp_path) -> None:
+def test_nccl_graph_request_runs_the_flat_loop_eagerly_when_told(tmp_path, monkeypatch) -> None:
     # The same flat step, all-reduced by NCCL eagerly, against the single-GPU graph loop.
+    monkeypatch.setenv(GRAPH_ENV, "0")  # the launcher hands its environment to the ranks
     config = TrainConfig(width=64, depth=2, epochs=2, batch_size=batch_leaving_one_frame(), optimizer="sgd",
                          optimizer_impl="triton", loop="graph")  # fmt: skip
     record, ours = trained(config, tmp_path, backend="nccl")
@@ -227,14 +224,14 @@ def test_nccl_graph_request_runs_the_flat_loop_eagerly_by_default(tmp_path) -> N
 
 @gpu
 @needs_two_gpus
-@needs_dp_graph
 @pytest.mark.parametrize(("optimizer", "atol"), [("sgd", 1e-5), ("adam", 1e-4)])
-def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, optimizer, atol) -> None:
+def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, monkeypatch, optimizer, atol) -> None:
     # Replayed from one CUDA graph per epoch with the all-reduces captured, against the
     # single-GPU graph loop. Splitting a batch over GPUs changes the order of the sums
     # (cuBLAS per share, then NCCL), so the weights agree to rounding, not bitwise;
     # Adam's first steps move each weight by about lr whatever the gradient's size, so a
     # rounding-level gradient near zero can differ by that much: a looser tolerance.
+    monkeypatch.delenv(GRAPH_ENV, raising=False)  # the default: graphs
     config = TrainConfig(width=64, depth=2, epochs=3, batch_size=batch_leaving_one_frame(), optimizer=optimizer,
                          optimizer_impl="triton", loop="graph")  # fmt: skip
     record, ours = trained(config, tmp_path, backend="nccl")
@@ -249,8 +246,8 @@ def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, optimizer, atol) -> None:
 @gpu
 @needs_two_gpus
 def test_a_hanging_nccl_graph_run_leaves_nothing_on_the_gpus(tmp_path) -> None:
-    # A run far longer than its timeout (replayed from graphs with LOADBENCH_DP_GRAPH=1,
-    # eager without; captured collectives are out of the NCCL watchdog's reach): the
+    # A run far longer than its timeout (replayed from graphs unless LOADBENCH_DP_GRAPH=0;
+    # captured collectives are out of the NCCL watchdog's reach): the
     # launcher's timeout must still stop every rank, and the driver then frees their GPUs.
     pattern = f"model.distributed.*{tmp_path.name}"
     seen: set[str] = set()
