@@ -120,6 +120,10 @@ def measure(
     features = data.n_features
     with torch.no_grad():
         eager1 = Runner(served, 1, features, device, graph=False)
+        blocker = host_sync_in(eager1) if use_graph else None
+        if blocker is not None:  # a capture would fail, and leave the process unable to capture again
+            use_graph = False
+            unavailable["latency_graph_s"] = blocker
         graph1 = Runner(served, 1, features, device, graph=True) if use_graph else None
         primary = graph1 or eager1
 
@@ -232,6 +236,23 @@ def prepare(model: torch.nn.Module, impl: str, device: torch.device) -> torch.nn
     elif impl == "compile":
         model = torch.compile(model, dynamic=False)
     return model
+
+
+def host_sync_in(runner: Runner) -> str | None:
+    """Why `runner`'s call cannot be captured in a CUDA graph, or None: the reason is a
+    host read of the GPU inside the forward (torchao's int8 matmul formats its input's
+    repr, for one), which fails a capture and leaves the stream unable to capture again,
+    so it is looked for on one eager call under torch's sync debug mode instead."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        runner()
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"not capturable in a CUDA graph: the forward reads the GPU from the host ({first}); timed eagerly"
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return None
 
 
 class Runner:

@@ -102,6 +102,28 @@ def test_measure_through_a_latency_timer(data):
     assert seen == [7] and result["latency_eager_s"]["p99"] == 5e-6
 
 
+class HostReadingMLP(MLP):
+    """Reads the GPU from the host inside its forward, as torchao's int8 matmul does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if float(x.abs().sum()) < 0:  # never true: only the read matters
+            x = -x
+        return super().forward(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_forward_that_reads_the_gpu_is_timed_eagerly_and_capture_still_works_after(data):
+    cuda = torch.device("cuda")
+    blocked = measure(HostReadingMLP(75, 32, 2, 10), data, cuda, latency_calls=20, batches=(64,))
+    assert blocked["latency_mode"] == "eager" and blocked["latency_graph_s"] is None
+    assert "reads the GPU from the host" in blocked["unavailable"]["latency_graph_s"]
+    assert "throughput eager" in blocked["notes"][-1]
+    # No capture was tried, so the process can still capture the next model.
+    plain = measure(MLP(75, 32, 2, 10), data, cuda, latency_calls=20, batches=(64,))
+    assert plain["latency_mode"] == "graph" and "latency_graph_s" not in plain["unavailable"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"impl": "jax"}, "impl='jax'"), ({"latency_calls": 0}, "latency_calls=0"), ({"batches": (0,)}, "batches")],
