@@ -3,6 +3,7 @@
     python -m kernels.tune                      # updates kernels/launch_table.json
     python -m kernels.tune --out table.json --batches 64 512 --widths 512
     python -m kernels.tune --merge a.json b.json    # one table from runs split over GPUs
+    python -m kernels.tune --from-cache ~/.cache/mlp-loadbench/launch-cache.json
     python -m kernels.tune --dry-run --experiments  # what first-use tuning costs, no GPU
 
 Shapes: every Linear of the MLP (the first layer's K = 75, the hidden layers, the
@@ -22,6 +23,11 @@ again properly (here with more calls and replays than on first use: this table i
 committed). The table is keyed by the GPU's name, so tables of several GPU models live
 side by side, and wins over the per-user cache (kernels/tuning_cache.py). Its entries
 are the cache's (route included: split_k, backend), with their timings as evidence.
+
+--from-cache writes a first-use tuning cache's groups into the table instead of
+measuring: what a user's runs (or `kernels.bench_cells --cache-dir`) tuned becomes the
+committed entries for that GPU model, each with its own timing as evidence, and the
+group's Triton and torch versions recorded beside it.
 
 --dry-run lists the shapes and counts candidates, timings, kernel executions and
 distinct Triton compilations, under the present policy and the one before it (every
@@ -245,27 +251,56 @@ def tune(
     return dict(tuner.cache(gpu).entries()), {**tuner.tuning_counts, "seconds": round(tuner.tuning_seconds, 1)}
 
 
-def write_table(path: str, gpu: str, measured: dict[str, dict]) -> None:
-    """Merge this GPU's entries into the table file (other GPUs' entries stay)."""
+def write_table(
+    path: str, gpu: str, measured: dict[str, dict], versions: tuple[str, str] | None = None, timing: str | None = None
+) -> None:
+    """Merge this GPU's entries into the table file (other GPUs' entries stay).
+    `versions` (triton, torch) default to this process's; `timing` to this module's."""
     try:
         with open(path) as handle:
             tables = json.load(handle)
     except (OSError, json.JSONDecodeError):
         tables = {}
+    triton_version, torch_version = versions or (__import__("triton").__version__, torch.__version__)
     tables[gpu] = {
         "key_format": launch_plan.KEY_FORMAT,
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "timing": f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
+        "torch": torch_version,
+        "triton": triton_version,
+        "timing": timing
+        or f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
         f"{launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays, the fastest {launches.FINALISTS} and the "
         f"heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
         "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
-        "evidence": {key: {k: v for k, v in entry.items() if k != "config"} for key, entry in sorted(measured.items())},
+        "evidence": {key: {k: v for k, v in entry.items() if k not in NOT_EVIDENCE} for key, entry in sorted(measured.items())},
     }
     tmp = f"{path}.partial"
     with open(tmp, "w") as handle:
         json.dump(tables, handle, indent=1, sort_keys=True)
     os.replace(tmp, path)
+
+
+# The config is the table's entry itself; the runners-up would triple the file's size.
+NOT_EVIDENCE = ("config", "finalists")
+FROM_CACHE_TIMING = "first-use tuning (kernels/tuning_cache.py), each entry's own: see its evidence's 'timing'"
+
+
+def read_cache_groups(path: str) -> list[tuple[str, tuple[str, str], dict[str, dict]]]:
+    """(gpu, (triton, torch), entries) of each group of a first-use tuning cache file."""
+    try:
+        with open(path) as handle:
+            groups = json.load(handle)["groups"]
+        out = []
+        for key, entries in groups.items():
+            gpu, triton_part, torch_part = (part.strip() for part in key.split("|"))
+            if not (triton_part.startswith("triton ") and torch_part.startswith("torch ")):
+                raise ValueError(f"group {key!r} is not 'GPU | triton X | torch Y'")
+            for shape, entry in entries.items():
+                if not isinstance(entry, dict) or "config" not in entry or "ms" not in entry:
+                    raise ValueError(f"group {key!r}: entry {shape!r} has no config and ms")
+            out.append((gpu, (triton_part.removeprefix("triton "), torch_part.removeprefix("torch ")), entries))
+        return out
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a tuning cache file ({type(exc).__name__}: {exc})") from None
 
 
 def read_measured(path: str) -> dict[str, dict[str, dict]]:
@@ -301,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only the batch x width pairs the five experiments train (what first-use tuning covers)")  # fmt: skip
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--merge", nargs="+", metavar="TABLE", help="merge these table files into --out; measures nothing")
+    parser.add_argument("--from-cache", metavar="CACHE", help="write a first-use tuning cache file's groups into --out; measures nothing")
     parser.add_argument("--dry-run", action="store_true", help="list shapes and count candidates and compilations; no GPU")
     parser.add_argument("--sm-count", type=int, default=None, help=f"for --dry-run (default: this GPU's, else {H100_SMS})")
     args = parser.parse_args(argv)
@@ -313,6 +349,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for gpu in sorted({gpu for run in runs for gpu in run}):
             write_table(args.out, gpu, merge_measured([run[gpu] for run in runs if gpu in run]))
         print(f"merged {len(args.merge)} tables -> {args.out}")
+        return 0
+    if args.from_cache:
+        try:
+            groups = read_cache_groups(args.from_cache)
+        except ValueError as exc:
+            print(f"kernels.tune: {exc}", file=sys.stderr)
+            return 2
+        for gpu, versions, entries in groups:
+            write_table(args.out, gpu, entries, versions, FROM_CACHE_TIMING)
+            print(f"{gpu} (triton {versions[0]}, torch {versions[1]}): {len(entries)} shape classes -> {args.out}")
         return 0
     if args.experiments:
         from kernels.bench_cells import experiment_pairs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -276,6 +277,44 @@ def test_merging_a_file_that_is_not_a_launch_table_names_it(tmp_path, capsys) ->
     assert main(["--merge", str(bad), "--out", str(tmp_path / "t.json")]) == 2
     err = capsys.readouterr().err
     assert "notes.json" in err and "not a launch table" in err
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_first_use_cache_becomes_the_table_with_its_own_versions(tmp_path) -> None:
+    from kernels import launch_plan as plan
+    from kernels.tune import main
+    from kernels.tune import read_measured
+    from kernels.tuning_cache import TuningCache
+    from kernels.tuning_cache import cache_key
+
+    config = {"block_r": 16, "block_c": 64, "block_red": 32, "num_warps": 4, "num_stages": 3, "group": 8,
+              "split_k": 4, "backend": "triton"}  # fmt: skip
+    cache = TuningCache(tmp_path, cache_key("GPU Y", "3.6.0", "2.11.0"))
+    cache.put("dw:float32:tf32x3:pointwise:512:512:512", {"config": config, "ms": 0.004, "timing": "quick 5 x 3"})
+    out = tmp_path / "table.json"
+    out.write_text(json.dumps({"GPU X": {"configs": {}, "evidence": {}}}))  # another GPU's table stays
+    assert main(["--from-cache", str(tmp_path / "launch-cache.json"), "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert set(table) == {"GPU X", "GPU Y"}
+    mine = table["GPU Y"]
+    assert (mine["triton"], mine["torch"], mine["key_format"]) == ("3.6.0", "2.11.0", plan.KEY_FORMAT)
+    assert "first-use tuning" in mine["timing"]
+    entry = read_measured(str(out))["GPU Y"]["dw:float32:tf32x3:pointwise:512:512:512"]
+    assert entry["config"] == config and entry["timing"] == "quick 5 x 3"
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"format": 1}', '{"groups": {"GPU Y": {}}}', '{"groups": {"GPU Y | triton 3 | torch 2": {"k": {"ms": 1}}}}', "{oops"],
+)
+def test_a_file_that_is_not_a_tuning_cache_is_named_and_nothing_written(tmp_path, capsys, content) -> None:
+    from kernels.tune import main
+
+    bad = tmp_path / "cache.json"
+    bad.write_text(content)
+    assert main(["--from-cache", str(bad), "--out", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert "cache.json" in err and "not a tuning cache file" in err
     assert not (tmp_path / "t.json").exists()
 
 
