@@ -267,7 +267,7 @@ def test_a_bad_storage_url_stops_with_one_message(tmp_path, capsys, url, message
     ('prune_fraction = [0.9, 0.5]', "need 0 < low <= high < 1"),
     ('prune_fraction = [0.33, 0.9]', "multiples of 0.05"),
     ('finetune_epochs = [2]', "expected [low, high]"),
-    ('weights = ["int8-dynamic"]\nsparsity = ["2:4"]', "sparsity 2:4 needs weights fp32 or bf16"),
+    ('weights = ["int8-dynamic"]\nsparsity = ["2:4"]', "sparsity 2:4 needs weights bf16"),
     ('[train]\ndepth = [0, 3]', "need 1 <= low <= high"),
     ('[train]\nactivation = ["gelu"]', "'gelu' is not one of relu"),
     ('[train]\nheads = [1, 2]', "train: unknown key(s) heads"),
