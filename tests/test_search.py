@@ -290,6 +290,18 @@ def test_a_missing_space_file_device_or_dataset_is_a_usage_error(tmp_path, capsy
     assert "no such file" in err and "--dataset" in err
 
 
+def test_a_study_whose_2_4_weights_differ_is_refused_at_the_start(tmp_path, tiny, capsys, monkeypatch) -> None:
+    from bench.search import space as space_module
+
+    monkeypatch.setattr(space_module, "SEMI_STRUCTURED_WEIGHTS", ("fp32", "bf16"))  # an older release's choices
+    assert search(tmp_path, "--trials", "2") == 0
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert search(tmp_path, "--trials", "3") == 2
+    err = capsys.readouterr().err
+    assert "was made under other settings (space: " in err and "'weights_2:4': ['fp32', 'bf16']" in err
+
+
 def test_resuming_under_other_settings_is_refused_naming_the_difference(tmp_path, tiny, capsys) -> None:
     assert search(tmp_path, "--trials", "2", "--space", str(tiny)) == 0
     capsys.readouterr()

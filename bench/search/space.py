@@ -76,6 +76,9 @@ class Space:
         return {
             "weights": list(self.weights),
             "sparsity": list(self.sparsity),
+            # derived, but an Optuna parameter of its own: a study made when 2:4 also took
+            # fp32 must be refused at the start, not fail its first 2:4 trial
+            "weights_2:4": list(self.weights_24),
             "prune_fraction": list(self.prune_fraction),
             "finetune_epochs": list(self.finetune_epochs),
             "train": {k: list(v) for k, v in self.train.items()},
