@@ -316,7 +316,7 @@ class _Launches:
             "failed": sum(t is None for t in (quick or full).values()),
             "compiled_ahead": compiled,
             "seconds": round(seconds, 3),
-            "timing": f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
+            "timing": f"CUDA-graph replay, median ms per call (launches.replay_ms): every candidate "
             f"{QUICK_TIMING[0]} calls x {QUICK_TIMING[1]} replays, the {FINALISTS} fastest and the heuristic "
             f"{FULL_TIMING[0]} x {FULL_TIMING[1]}",
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

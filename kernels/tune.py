@@ -267,7 +267,7 @@ def write_table(
         "torch": torch_version,
         "triton": triton_version,
         "timing": timing
-        or f"CUDA-graph replay, median ms per call (linear_act.replay_ms): every candidate "
+        or f"CUDA-graph replay, median ms per call (launches.replay_ms): every candidate "
         f"{launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays, the fastest {launches.FINALISTS} and the "
         f"heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
         "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
