@@ -16,6 +16,7 @@ import json
 import math
 import statistics
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,56 @@ def test_running_options_do_not_go_with_from(tmp_path, capsys) -> None:
         main(["--from", str(tmp_path), "--plant", "5", "--", "--profile", "quick"])
     assert exit_.value.code == 2
     assert "--plant, pytest arguments do not apply" in capsys.readouterr().err
+
+
+def test_gpu_lanes_run_at_once_each_on_its_own_gpu_and_every_run_once(tmp_path, monkeypatch, capsys) -> None:
+    both_running = threading.Barrier(2, timeout=30)  # passes only when two runs are in flight together
+    seen: list[tuple[str, str]] = []
+
+    def fake_run_one(command, out_json, name, log, env=None):
+        seen.append((name, env["CUDA_VISIBLE_DEVICES"]))
+        if len(seen) <= 2:
+            both_running.wait()
+        out_json.write_text("{}")
+        return 0, 1.0
+
+    monkeypatch.setattr(selftest, "run_one", fake_run_one)
+    paths = selftest.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], gpus=["0", "3"])
+    assert [p.name for p in paths] == [f"{n}.json" for n in ("aa-01", "aa-02", "aa-03", "plant05-01", "plant05-02", "plant05-03")]
+    assert sorted(name for name, _ in seen) == sorted(p.stem for p in paths)
+    assert {gpu for _, gpu in seen} == {"0", "3"}
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 and all(" on GPU 0:" in line or " on GPU 3:" in line for line in lines)
+
+
+def test_a_failing_lane_stops_the_campaign_and_its_error_is_raised(tmp_path, monkeypatch) -> None:
+    started: list[str] = []
+
+    def fake_run_one(command, out_json, name, log, env=None):
+        started.append(name)
+        if name == "aa-01":
+            raise selftest.SelftestError("run aa-01 failed (pytest exit 4)")
+        return 0, 1.0
+
+    monkeypatch.setattr(selftest, "run_one", fake_run_one)
+    with pytest.raises(selftest.SelftestError, match="run aa-01 failed"):
+        selftest.run_campaign(tmp_path, "bench", "x", 10, [], "gpu", [], gpus=["0", "1"])
+    assert len(started) < 10  # the lanes stopped taking runs once one failed
+
+
+@pytest.mark.parametrize("value", ["0,0", "a", "0,,1", "-1"])
+def test_bad_gpu_lists_are_usage_errors(capsys, value) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["-k", "x", "--gpus", value])
+    assert exit_.value.code == 2
+    assert "--gpus" in capsys.readouterr().err
+
+
+def test_gpus_do_not_go_with_from(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--from", str(tmp_path), "--gpus", "0,1"])
+    assert exit_.value.code == 2
+    assert "--gpus do not apply" in capsys.readouterr().err
 
 
 def test_a_pytest_usage_error_stops_with_the_run_and_command(tmp_path, capsys, monkeypatch) -> None:

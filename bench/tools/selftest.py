@@ -2,7 +2,8 @@
 often it catches a planted slowdown, and which per-case budget keeps it quiet.
 
     python -m bench.tools.selftest -k EXPR [--runs N] [--plant PCT ...] [--mode host|gpu]
-                                   [--out DIR] [--path PATH] [--budgets PATH] [-- PYTEST ARGS...]
+                                   [--gpus 0,1,...] [--out DIR] [--path PATH] [--budgets PATH]
+                                   [-- PYTEST ARGS...]
     python -m bench.tools.selftest --from DIR [--out DIR] [--budgets PATH]
 
 e.g. ``python -m bench.tools.selftest -k "units or batch" --runs 10 --plant 5 --plant 15
@@ -11,7 +12,10 @@ e.g. ``python -m bench.tools.selftest -k "units or batch" --runs 10 --plant 5 --
 Running: the chosen cases run N times as they are (A/A), then N times for each planted
 slowdown X (``--plant-slowdown=X:MODE``, inside every timed epoch), each run one
 ``python -m pytest PATH -k EXPR -p no:cacheprovider -q --benchmark-json=...`` in the
-current directory with the arguments after ``--``. Its output goes to a log beside
+current directory with the arguments after ``--``. With ``--gpus 0,1``, one lane per
+GPU takes the next run of that order as it frees, each pytest seeing only its GPU
+(CUDA_VISIBLE_DEVICES): the runs share the host as a busy runner's would, and a
+campaign takes a fraction of the time. Its output goes to a log beside
 its JSON, its load series under ``OUT/series/<run>/`` unless the arguments name a
 ``--series-dir``. A run whose pytest exits 1 (a case broke its own budgets, e.g. an
 accuracy floor) still counts once its JSON is written. ``--budgets`` names the file
@@ -58,11 +62,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,6 +109,7 @@ EPILOG = """\
 Everything after -- goes to every pytest run unchanged (profile, device, dataset, ...), e.g.:
 
     python -m bench.tools.selftest -k units-512 --runs 10 --plant 5 --mode gpu -- --profile quick
+    python -m bench.tools.selftest -k "" --runs 10 --plant 5 --plant 15 --mode gpu --gpus 0,1 -- --profile quick
 
 Run files (written here, read by --from): aa-01.json ... aa-NN.json and plantX-01.json ...,
 X the planted percentage (plant05-01.json, plant15-02.json).
@@ -523,12 +530,14 @@ def pytest_command(path: str, expr: str, out_json: Path, plant: str | None, extr
             f"--benchmark-json={out_json}", *plant_args, *extra]  # fmt: skip
 
 
-def run_one(command: list[str], out_json: Path, name: str, log: Path) -> tuple[int, float]:
+def run_one(
+    command: list[str], out_json: Path, name: str, log: Path, env: dict[str, str] | None = None
+) -> tuple[int, float]:
     """One pytest run into `out_json`, its output into `log`: (exit code, seconds)."""
     out_json.unlink(missing_ok=True)  # a JSON left from an earlier campaign must not pass for this run's
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as handle:
-        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
     seconds = time.perf_counter() - start
     if code not in PYTEST_OK or not out_json.is_file():
         why = f"pytest exit {code}" + ("" if out_json.is_file() else ", no JSON written")
@@ -537,23 +546,58 @@ def run_one(command: list[str], out_json: Path, name: str, log: Path) -> tuple[i
 
 
 def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[float], mode: str,
-                 extra: Sequence[str]) -> list[Path]:  # fmt: skip
-    """Every run, A/A first, printing a line per run; the JSON files written."""
+                 extra: Sequence[str], gpus: Sequence[str] = ()) -> list[Path]:  # fmt: skip
+    """Every run, A/A first, printing a line per run as it ends; the JSON files written.
+    With `gpus`, one lane per GPU runs the plan's next run as it frees; the first
+    failure stops the lanes from starting more and is raised once the running ones end."""
     out.mkdir(parents=True, exist_ok=True)
     plan = [(None, i) for i in range(1, runs + 1)] + [(pct, i) for pct in plants for i in range(1, runs + 1)]
     own_series = any(arg.startswith("--series-dir") for arg in extra)
-    written = []
-    for step, (pct, index) in enumerate(plan, 1):
-        name = run_name(pct, index)
-        series = [] if own_series else [f"--series-dir={out / 'series' / name}"]
-        plant = f"{pct:g}:{mode}" if pct is not None else None
-        command = pytest_command(path, expr, out / f"{name}.json", plant, [*series, *extra])
-        code, seconds = run_one(command, out / f"{name}.json", name, out / f"{name}.log")
-        note = " (a case broke its own budgets; its record counts)" if code == 1 else ""
-        print(f"[{step:>{len(str(len(plan)))}}/{len(plan)}] {name}: {seconds:.1f} s, pytest exit {code}{note}",
-              flush=True)  # fmt: skip
-        written.append(out / f"{name}.json")
-    return written
+    width = len(str(len(plan)))
+    pending = list(enumerate(plan, 1))
+    failures: list[Exception] = []
+    lock = threading.Lock()
+
+    def lane(gpu: str | None) -> None:
+        env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        while True:
+            with lock:
+                if failures or not pending:
+                    return
+                step, (pct, index) = pending.pop(0)
+            name = run_name(pct, index)
+            series = [] if own_series else [f"--series-dir={out / 'series' / name}"]
+            plant = f"{pct:g}:{mode}" if pct is not None else None
+            command = pytest_command(path, expr, out / f"{name}.json", plant, [*series, *extra])
+            try:
+                code, seconds = run_one(command, out / f"{name}.json", name, out / f"{name}.log", env)
+            except Exception as exc:  # raised again by the caller's thread, below
+                with lock:
+                    failures.append(exc)
+                return
+            note = " (a case broke its own budgets; its record counts)" if code == 1 else ""
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            print(f"[{step:>{width}}/{len(plan)}] {name}{where}: {seconds:.1f} s, pytest exit {code}{note}", flush=True)
+
+    if gpus:
+        lanes = [threading.Thread(target=lane, args=(gpu,), name=f"selftest-gpu{gpu}") for gpu in gpus]
+        for thread in lanes:
+            thread.start()
+        for thread in lanes:
+            thread.join()
+    else:
+        lane(None)
+    if failures:
+        raise failures[0]
+    return [out / f"{run_name(pct, index)}.json" for pct, index in plan]
+
+
+def parse_gpus(value: str) -> list[str]:
+    """'0,1' -> ['0', '1']: CUDA device indices, each once."""
+    parts = [part.strip() for part in value.split(",")]
+    if not all(part.isdigit() for part in parts) or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"{value!r}: GPU indices separated by commas, each once (e.g. 0,1)")
+    return parts
 
 
 # ------------------------------------------------------------------------ command line
@@ -578,7 +622,7 @@ def parse_runs(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.tools.selftest",
-        usage="%(prog)s (-k EXPR | --from DIR) [--runs N] [--plant PCT ...] [--mode host|gpu] [--out DIR] "
+        usage="%(prog)s (-k EXPR | --from DIR) [--runs N] [--plant PCT ...] [--mode host|gpu] [--gpus 0,1] [--out DIR] "
               "[--path PATH] [--budgets PATH] [-- PYTEST ARGS...]",
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
@@ -590,6 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a planted slowdown in percent; repeat for several")  # fmt: skip
     parser.add_argument("--mode", choices=("host", "gpu"), default=None,
                         help="how the slowdown is planted (--plant-slowdown's mode). Default: host")  # fmt: skip
+    parser.add_argument("--gpus", type=parse_gpus, default=None, metavar="0,1,...",
+                        help="run on these GPUs at once, one run per GPU at a time. Default: one run at a time")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where the run files and outputs go. "
                              "Default: selftest/ (with --from: its folder)")  # fmt: skip
@@ -607,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     args, pytest_args = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: for pytest
     running = (("-k", args.expr), ("--runs", args.runs), ("--plant", args.plant), ("--mode", args.mode),
-               ("--path", args.path), ("pytest arguments", pytest_args))  # fmt: skip
+               ("--path", args.path), ("--gpus", args.gpus), ("pytest arguments", pytest_args))  # fmt: skip
     running_only = [name for name, given in running if given]
     if args.from_dir is not None and running_only:
         parser.error(f"--from analyses runs already made: {', '.join(running_only)} do not apply")
@@ -620,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             paths = run_files(args.from_dir)
         else:
             paths = run_campaign(out, args.path or "bench/test_experiments.py", args.expr, args.runs or 10,
-                                 args.plant, args.mode or "host", pytest_args)  # fmt: skip
+                                 args.plant, args.mode or "host", pytest_args, args.gpus or ())  # fmt: skip
         campaign = load_campaign(paths)
         results = analyse(campaign.aa_runs, campaign.planted_runs, budgets)
     except (SelftestError, BudgetError) as exc:
