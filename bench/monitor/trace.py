@@ -261,14 +261,12 @@ def profile_epochs(
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"profile_epochs: warmup={warmup!r}: expected a non-negative integer")
     cuda = device.type == "cuda"
+    if cuda and ProfilerActivity.CUDA not in torch.profiler.supported_activities():
+        raise RuntimeError("profile_epochs: this torch build's profiler cannot trace CUDA kernels")
     # On a GPU the table holds kernels only, so host ops are not recorded: with them,
     # `--kernel-trace` of the quick loop matrix had not finished the study's DataLoader
     # loop after 200 s on an H100; without, the eight loop cases took 93 s.
-    activities = [ProfilerActivity.CPU]
-    if cuda:
-        if ProfilerActivity.CUDA not in torch.profiler.supported_activities():
-            raise RuntimeError("profile_epochs: this torch build's profiler cannot trace CUDA kernels")
-        activities = [ProfilerActivity.CUDA]
+    activities = [ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]
 
     for _ in range(warmup):
         run_epoch()
