@@ -51,6 +51,7 @@ import torch
 from kernels import launch_plan
 from kernels import launches
 from kernels import linear_act as op
+from kernels import tuning_cache
 from kernels.launch_plan import LaunchConfig
 
 DEFAULT_BATCHES = (64, 128, 256, 512)
@@ -291,13 +292,11 @@ def read_cache_groups(path: str) -> list[tuple[str, tuple[str, str], dict[str, d
             groups = json.load(handle)["groups"]
         out = []
         for key, entries in groups.items():
-            gpu, triton_part, torch_part = (part.strip() for part in key.split("|"))
-            if not (triton_part.startswith("triton ") and torch_part.startswith("torch ")):
-                raise ValueError(f"group {key!r} is not 'GPU | triton X | torch Y'")
+            gpu, triton_version, torch_version = tuning_cache.split_key(key)
             for shape, entry in entries.items():
                 if not isinstance(entry, dict) or "config" not in entry or "ms" not in entry:
                     raise ValueError(f"group {key!r}: entry {shape!r} has no config and ms")
-            out.append((gpu, (triton_part.removeprefix("triton "), torch_part.removeprefix("torch ")), entries))
+            out.append((gpu, (triton_version, torch_version), entries))
         return out
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ValueError(f"{path}: not a tuning cache file ({type(exc).__name__}: {exc})") from None

@@ -84,6 +84,16 @@ def cache_key(gpu: str, triton_version: str, torch_version: str) -> str:
     return f"{gpu} | triton {triton_version} | torch {torch_version}"
 
 
+def split_key(key: str) -> tuple[str, str, str]:
+    """`cache_key`'s parts back: (gpu, triton version, torch version); ValueError if `key`
+    is not one of its keys."""
+    rest, torch_sep, torch_version = key.rpartition(" | torch ")
+    gpu, triton_sep, triton_version = rest.rpartition(" | triton ")
+    if not (torch_sep and triton_sep and gpu and triton_version and torch_version):
+        raise ValueError(f"group {key!r} is not 'GPU | triton X | torch Y'")
+    return gpu, triton_version, torch_version
+
+
 try:  # POSIX; on Windows the merge still happens, only without the lock
     import fcntl
 except ImportError:  # pragma: no cover - not on Linux
