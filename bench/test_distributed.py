@@ -20,7 +20,10 @@ per GPU). Against world size 1 of the same data-parallel loop, in the same sessi
 every efficiency is the epoch-time speed-up divided by the world size.
 
 ``allreduce_share`` is rank 0's all-reduce time over the epoch time in one profiled
-epoch after training (``allreduce_profile`` holds the figures). The monitor watches
+epoch after training (``allreduce_profile`` holds the figures); the flat loop runs its
+all-reduces beside the backward pass in buckets (``allreduce_buckets``, bytes each;
+LOADBENCH_DP_BUCKET_MB sets their size, 0 for one after the backward pass), so the
+share is NCCL's time, not the time it adds. The monitor watches
 every local GPU that takes part; each GPU's load is summarized over rank 0's training
 window, not torchrun's start-up.
 """
@@ -105,6 +108,7 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, 
         one_gpu_graph=one_gpu, speedup_vs_one_gpu=speedup, efficiency_vs_one_gpu=speedup / world,
         efficiency_vs_world1=base[key] / median / world if key in base else None,
         allreduce_share=result["allreduce_share"], allreduce_profile=result["allreduce_profile"],
+        allreduce_buckets=result.get("allreduce_buckets"),  # bytes per bucket, launch order (flat loop)
         epoch_seconds=result["epoch_seconds"], accuracy=result["accuracy"], macro_f1=result["macro_f1"],
         # Rank 0's training window (every rank passes the same barriers), not torchrun's start-up.
         load_per_gpu=[summarize_monitor(m, epochs + 1, window=tuple(result["train_window"])) for m in monitors],

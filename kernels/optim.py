@@ -199,6 +199,11 @@ class FlatOptimizer(torch.optim.Optimizer):
     def flat(self) -> torch.nn.Parameter:
         return self.param_groups[0]["params"][0]
 
+    def spans(self) -> list[tuple[torch.nn.Parameter, int, int]]:
+        """(parameter, start, stop) of each parameter's elements in the flat buffer, in
+        buffer order; [start, stop) leaves out the alignment padding after it."""
+        return [(p, o, o + p.numel()) for p, o in zip(self._params, self._offsets)]
+
     def _slices(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         return [buffer[o : o + p.numel()].view_as(p) for p, o in zip(self._params, self._offsets)]
 

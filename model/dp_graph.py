@@ -6,14 +6,19 @@ at this MLP's size that launch cost, not the arithmetic, sets the epoch time (th
 4x H200 measurement that prompted this loop: 0.29-0.33 s per epoch for one eager DDP
 rank at width 512, 0.035 s for one GPU's whole-epoch graph). The gradients of the
 optimal MLP are 2.3 MB: one all-reduce of the whole buffer is one NCCL call, 30 us on
-2x H100 (NVLink), after the backward pass. That is 11% of a weak-scaling epoch and
-most of what keeps two GPUs at 0.84 of linear; all-reducing buckets as each layer's
-gradients are done, beside the rest of the backward, would hide part of it (not built).
+2x H100 (NVLink), when it waits for the whole backward pass: 11% of a weak-scaling
+epoch, and most of what kept two GPUs at 0.84 of linear. So the gradient is all-reduced
+in buckets (`GradientBuckets`): contiguous spans of the flat buffer, last layers first,
+each launched from autograd as soon as backward has accumulated every gradient in it,
+and running beside the backward of the layers before it; only the last bucket (the
+first layer's, small: 75 inputs) waits at the end.
 
 A step on every rank: zero the flat gradient, forward and backward on the rank's
-contiguous share of the global batch, ONE SUM all-reduce of the flat gradient
-(kernels/optim.py's FlatOptimizer keeps every gradient as a view of it), then the
-optimizer's one kernel. Each rank's loss is its share's mean scaled by share / global
+contiguous share of the global batch with the buckets' SUM all-reduces launched as
+they fill (kernels/optim.py's FlatOptimizer keeps every gradient as a view of the flat
+buffer), a wait for the last of them, then the optimizer's one kernel.
+LOADBENCH_DP_BUCKET_MB sets the bucket size (default 1 MiB: a bucket closes once it
+holds at least that much); 0 all-reduces the whole buffer once after the backward pass. Each rank's loss is its share's mean scaled by share / global
 batch, so the sum over ranks is the gradient of the global batch's mean loss: the
 single-process math, the last partial batch included (a rank whose share is empty
 still joins the all-reduce with zeros). Every rank draws the same permutation from
@@ -44,9 +49,11 @@ rank print its threads' stacks every N seconds so the timeout's error says where
 from __future__ import annotations
 
 import gc
+import math
 import os
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -62,6 +69,8 @@ from model.train import make_optimizer
 from model.train import seed_everything
 
 GRAPH_ENV = "LOADBENCH_DP_GRAPH"
+BUCKET_ENV = "LOADBENCH_DP_BUCKET_MB"
+DEFAULT_BUCKET_MB = 1.0
 NCCL_EAGER_NOTE = f"'{{loop}}' requested, runs eagerly on NCCL: {GRAPH_ENV}={{value}} in the environment"
 GLOO_EAGER_NOTE = "'{loop}' requested, runs eagerly on {backend}: CUDA graphs need NCCL on GPUs"
 
@@ -89,6 +98,101 @@ _ON = {"", "1", "true", "yes", "on"}
 _OFF = {"0", "false", "no", "off"}
 
 
+def bucket_cap_bytes(env: Mapping[str, str] | None = None) -> int:
+    """The gradient bucket size LOADBENCH_DP_BUCKET_MB asks for, in bytes (the process's
+    environment by default; unset or empty: DEFAULT_BUCKET_MB). 0: one bucket, the whole
+    buffer, all-reduced after the backward pass."""
+    env = os.environ if env is None else env
+    value = env.get(BUCKET_ENV, "").strip()
+    if not value:
+        return int(DEFAULT_BUCKET_MB * 2**20)
+    try:
+        mib = float(value)
+    except ValueError:
+        mib = math.nan
+    if not (math.isfinite(mib) and mib >= 0):
+        raise ValueError(
+            f"{BUCKET_ENV}={value!r}: a bucket size in MiB, 0 or more "
+            "(0: one all-reduce of the whole gradient after the backward pass)"
+        )
+    return int(mib * 2**20)
+
+
+Span = tuple[torch.nn.Parameter, int, int]  # a parameter's [start, stop) in the flat buffer
+
+
+def plan_buckets(spans: Sequence[Span], cap_bytes: int, element_size: int = 4) -> list[tuple[int, int, list[int]]]:
+    """Buckets of the flat gradient as (start, stop, indices of their parameters in
+    `spans`), in the order backward completes them: from the last parameter back, a
+    bucket closes once its span holds `cap_bytes` or more. cap_bytes 0: one bucket."""
+    if not spans:
+        return []
+    if cap_bytes <= 0:
+        return [(spans[0][1], spans[-1][2], list(range(len(spans))))]
+    buckets, members = [], []
+    for i in reversed(range(len(spans))):
+        members.append(i)
+        start, stop = spans[i][1], spans[members[0]][2]
+        if (stop - start) * element_size >= cap_bytes or i == 0:
+            buckets.append((start, stop, members))
+            members = []
+    return buckets
+
+
+class GradientBuckets:
+    """SUM all-reduces of the flat gradient in buckets, each launched from an autograd
+    hook once backward has accumulated every gradient in it, so that it runs beside the
+    backward of the layers before it.
+
+    Every rank launches the same collectives in the same order whatever order its hooks
+    fire in (a bucket waits for the ones before it), which a captured collective needs:
+    it replays as one collective of all ranks. `begin()` before the backward pass,
+    `finish()` after it: launches what is left (all of it with no backward pass, e.g. a
+    rank whose share of the batch is empty, or with one bucket) and makes the current
+    stream wait for every all-reduce. On GPUs the hooks run on autograd's device thread
+    on the step's stream, so inside a capture the all-reduces join the graph."""
+
+    def __init__(self, grad: torch.Tensor, spans: Sequence[Span], cap_bytes: int) -> None:
+        self.grad = grad
+        self.buckets = plan_buckets(spans, cap_bytes, grad.element_size())
+        self._bucket_of = {id(spans[i][0]): b for b, (_, _, members) in enumerate(self.buckets) for i in members}
+        self._armed = False
+        self._remaining: list[int] = []
+        self._launched = 0
+        self._works: list[dist.Work] = []
+        if len(self.buckets) > 1:  # one bucket waits for the whole backward pass anyway
+            for param, _, _ in spans:
+                param.register_post_accumulate_grad_hook(self._accumulated)
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each bucket's size in bytes, in launch order."""
+        return [(stop - start) * self.grad.element_size() for start, stop, _ in self.buckets]
+
+    def begin(self) -> None:
+        self._remaining = [len(members) for _, _, members in self.buckets]
+        self._launched, self._works, self._armed = 0, [], True
+
+    def finish(self) -> None:
+        assert self._armed, "GradientBuckets.finish() without begin()"
+        self._launch_ready(everything=True)
+        for work in self._works:
+            work.wait()  # on NCCL: the current stream waits; the host does not
+        self._works, self._armed = [], False
+
+    def _accumulated(self, param: torch.Tensor) -> None:
+        if not self._armed:  # a backward pass outside a step (none in training; a user's)
+            return
+        self._remaining[self._bucket_of[id(param)]] -= 1
+        self._launch_ready()
+
+    def _launch_ready(self, everything: bool = False) -> None:
+        while self._launched < len(self.buckets) and (everything or self._remaining[self._launched] == 0):
+            start, stop, _ = self.buckets[self._launched]
+            self._works.append(dist.all_reduce(self.grad[start:stop], async_op=True))
+            self._launched += 1
+
+
 class FlatDataParallel:
     """One rank's model, flat optimizer and epoch function; call `epoch()` per epoch."""
 
@@ -112,6 +216,8 @@ class FlatDataParallel:
         self.flat = self.optimizer.flat
         with torch.no_grad():
             dist.broadcast(self.flat.data, src=0)  # as DDP does: identical seeds are not relied on
+        assert self.flat.grad is not None
+        self.buckets = GradientBuckets(self.flat.grad, self.optimizer.spans(), bucket_cap_bytes())
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
         if config.optimizer_impl == "triton":
             from kernels.cross_entropy import cross_entropy  # imported lazily: kernels/ needs triton
@@ -142,12 +248,13 @@ class FlatDataParallel:
         returns the share's summed loss as a device scalar."""
         self.optimizer.zero_grad()  # zeroes the flat gradient in place
         local_sum = torch.zeros((), device=self.device)
+        self.buckets.begin()
         if len(y):  # the fused loss refuses an empty share; its zero gradient is right anyway
             with autocast(self.config.precision, self.device):
                 mean = self.loss_fn(self.model(x), y)
-            (mean * (len(y) / batch_size)).backward()
+            (mean * (len(y) / batch_size)).backward()  # launches the buckets' all-reduces as they fill
             local_sum = mean.detach().float() * len(y)
-        dist.all_reduce(self.flat.grad)  # SUM over ranks: the global batch's mean gradient
+        self.buckets.finish()  # SUM over ranks: the global batch's mean gradient
         self.optimizer.step()
         return local_sum
 

@@ -26,14 +26,21 @@ from bench.plugin.compare import RECORD_KEY
 from bench.tools.merge import MergeError
 from bench.tools.merge import merge_runs
 from bench.tools.report import build_report
+from kernels.optim import FlatOptimizer
 from model import distributed
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.distributed import DistributedError
 from model.distributed import finished_within
 from model.distributed import launch
+from model.dp_graph import BUCKET_ENV
+from model.dp_graph import DEFAULT_BUCKET_MB
 from model.dp_graph import GRAPH_ENV
+from model.dp_graph import GradientBuckets
+from model.dp_graph import bucket_cap_bytes
+from model.dp_graph import plan_buckets
 from model.dp_graph import resolve_loop
+from model.mlp import MLP
 from model.train import Trainer
 
 pytestmark = pytest.mark.distributed
@@ -110,16 +117,113 @@ def test_ddp_records_say_which_loop_ran(tmp_path) -> None:
 # ------------------------------------------------------- flat all-reduce loop
 
 
-def test_flat_allreduce_loop_trains_like_one_process(tmp_path) -> None:
-    # The flat gradient all-reduced once per step and the flat optimizer's kernel, eager on
+@pytest.mark.parametrize(("bucket_mb", "buckets"), [("", 1), ("0", 1), ("0.001", 2)], ids=["default", "one", "two"])
+def test_flat_allreduce_loop_trains_like_one_process(tmp_path, monkeypatch, bucket_mb, buckets) -> None:
+    # The flat gradient all-reduced in buckets and the flat optimizer's kernel, eager on
     # gloo; against one process with the same optimizer and loss kernels. The last batch
-    # is one frame, so rank 1's share of it is empty and it all-reduces zeros.
+    # is one frame, so rank 1's share of it is empty and it all-reduces zeros, bucket by
+    # bucket as rank 0's backward pass launches them.
+    monkeypatch.setenv(BUCKET_ENV, bucket_mb)
     config = TrainConfig(width=16, depth=2, epochs=2, batch_size=batch_leaving_one_frame(), optimizer_impl="triton")
     record, ours = trained(config.replace(loop="graph"), tmp_path)
     assert (record["data_parallel"], record["loop"]) == ("flat-allreduce", "fast")  # no graph on gloo
     assert record["note"] == "'graph' requested, runs eagerly on gloo: CUDA graphs need NCCL on GPUs"
     assert record["optimizer_impl"] == "triton-flat+capturable"
+    assert len(record["allreduce_buckets"]) == buckets
     assert_same_weights(ours, single_process_weights(config), atol=1e-5)
+
+
+# ------------------------------------------------------- gradient buckets
+
+
+def flat_mlp(width: int = 16, depth: int = 2) -> tuple[MLP, FlatOptimizer]:
+    torch.manual_seed(0)
+    model = MLP(75, width, depth, 7, "relu", "torch")
+    return model, FlatOptimizer(list(model.parameters()), "sgd", lr=0.1)
+
+
+class RecordedAllReduce:
+    """Stands in for dist.all_reduce: notes each launch's span, whether the backward
+    pass was over by then and what the span held, and hands back a work to wait on."""
+
+    def __init__(self, grad: torch.Tensor) -> None:
+        self.grad, self.launches, self.waited = grad, [], 0
+        self.backward_done = False
+
+    def __call__(self, tensor: torch.Tensor, async_op: bool = False):
+        assert async_op, "bucket all-reduces must not block the backward pass"
+        start = (tensor.data_ptr() - self.grad.data_ptr()) // tensor.element_size()
+        self.launches.append((start, start + tensor.numel(), self.backward_done, tensor.clone()))
+        return self
+
+    def wait(self) -> None:
+        self.waited += 1
+
+
+def test_buckets_close_from_the_last_layer_back_at_the_size_asked() -> None:
+    _, optimizer = flat_mlp(width=16, depth=2)  # layers 75->16, 16->16, 16->7
+    spans = optimizer.spans()
+    sizes = [4 * (stop - start) for _, start, stop in spans]  # w0 b0 w1 b1 w2 b2
+    assert sizes == [4800, 64, 1024, 64, 448, 28]
+    per_layer = plan_buckets(spans, cap_bytes=1000)
+    assert [members for _, _, members in per_layer] == [[5, 4, 3, 2], [1, 0]]
+    assert [members for _, _, members in plan_buckets(spans, cap_bytes=1)] == [[i] for i in reversed(range(6))]
+    whole = plan_buckets(spans, cap_bytes=0)
+    assert whole == [(spans[0][1], spans[-1][2], list(range(6)))]
+    for start, stop, members in per_layer:  # each bucket is the span of exactly its parameters
+        assert (start, stop) == (spans[members[-1]][1], spans[members[0]][2])
+
+
+def test_each_bucket_is_all_reduced_during_backward_once_its_gradients_are_final(monkeypatch) -> None:
+    model, optimizer = flat_mlp()
+    grad = optimizer.flat.grad
+    buckets = GradientBuckets(grad, optimizer.spans(), cap_bytes=1)  # one bucket per parameter
+    recorder = RecordedAllReduce(grad)
+    monkeypatch.setattr("model.dp_graph.dist.all_reduce", recorder)
+    optimizer.zero_grad()
+    buckets.begin()
+    model(torch.randn(32, 75)).logsumexp(1).mean().backward()
+    recorder.backward_done = True
+    buckets.finish()
+    assert [(start, stop) for start, stop, *_ in recorder.launches] == [(b[0], b[1]) for b in buckets.buckets]
+    assert recorder.waited == len(buckets.buckets) == 6
+    # Launched from the backward pass, not after it, and only once the span was final.
+    assert not any(done for _, _, done, _ in recorder.launches)
+    for start, stop, _, held in recorder.launches:
+        assert torch.equal(held, grad[start:stop])
+        assert held.abs().sum() > 0
+
+
+def test_one_bucket_or_no_backward_pass_launches_everything_in_finish(monkeypatch) -> None:
+    model, optimizer = flat_mlp()
+    grad = optimizer.flat.grad
+    recorder = RecordedAllReduce(grad)
+    monkeypatch.setattr("model.dp_graph.dist.all_reduce", recorder)
+    whole = GradientBuckets(grad, optimizer.spans(), cap_bytes=0)
+    whole.begin()
+    model(torch.randn(8, 75)).sum().backward()
+    assert recorder.launches == []  # no hook: one all-reduce after the backward pass
+    whole.finish()
+    assert [(start, stop) for start, stop, *_ in recorder.launches] == [(whole.buckets[0][0], whole.buckets[0][1])]
+    # A rank whose share is empty runs no backward pass and still launches every bucket, in order.
+    recorder.launches.clear()
+    per_layer = GradientBuckets(grad, optimizer.spans(), cap_bytes=1000)
+    per_layer.begin()
+    per_layer.finish()
+    assert [(start, stop) for start, stop, *_ in recorder.launches] == [(b[0], b[1]) for b in per_layer.buckets]
+    assert per_layer.sizes == [4 * (b[1] - b[0]) for b in per_layer.buckets]
+
+
+@pytest.mark.parametrize(("value", "cap"), [("", 2**20), (" 2 ", 2 * 2**20), ("0", 0), ("0.5", 2**19)])
+def test_the_bucket_size_comes_from_the_environment_in_mib(value, cap) -> None:
+    assert bucket_cap_bytes({BUCKET_ENV: value}) == cap
+    assert bucket_cap_bytes({}) == int(DEFAULT_BUCKET_MB * 2**20)
+
+
+@pytest.mark.parametrize("value", ["-1", "1MB", "nan", "inf"])
+def test_a_bad_bucket_size_is_one_clear_error(value) -> None:
+    with pytest.raises(ValueError, match=f"{BUCKET_ENV}='{value}': a bucket size in MiB, 0 or more"):
+        bucket_cap_bytes({BUCKET_ENV: value})
 
 
 def test_flat_allreduce_loop_with_torchs_loss_matches_one_process(tmp_path) -> None:
@@ -224,18 +328,21 @@ def test_nccl_graph_request_runs_the_flat_loop_eagerly_when_told(tmp_path, monke
 
 @gpu
 @needs_two_gpus
+@pytest.mark.parametrize("bucket_mb", ["0", "0.01"], ids=["one-bucket", "buckets"])
 @pytest.mark.parametrize(("optimizer", "atol"), [("sgd", 1e-5), ("adam", 1e-4)])
-def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, monkeypatch, optimizer, atol) -> None:
+def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, monkeypatch, optimizer, atol, bucket_mb) -> None:
     # Replayed from one CUDA graph per epoch with the all-reduces captured, against the
     # single-GPU graph loop. Splitting a batch over GPUs changes the order of the sums
     # (cuBLAS per share, then NCCL), so the weights agree to rounding, not bitwise;
     # Adam's first steps move each weight by about lr whatever the gradient's size, so a
     # rounding-level gradient near zero can differ by that much: a looser tolerance.
     monkeypatch.delenv(GRAPH_ENV, raising=False)  # the default: graphs
+    monkeypatch.setenv(BUCKET_ENV, bucket_mb)  # "0.01": the bucket all-reduces launched from autograd, captured
     config = TrainConfig(width=64, depth=2, epochs=3, batch_size=batch_leaving_one_frame(), optimizer=optimizer,
                          optimizer_impl="triton", loop="graph")  # fmt: skip
     record, ours = trained(config, tmp_path, backend="nccl")
     assert (record["data_parallel"], record["loop"], record["note"]) == ("flat-allreduce", "graph", None)
+    assert len(record["allreduce_buckets"]) == (1 if bucket_mb == "0" else 2)
     profile = record["allreduce_profile"]
     # The profiler must see the captured NCCL kernels, or the share is not measured.
     assert profile["allreduce_calls"] >= profile["steps"], profile
