@@ -309,6 +309,76 @@ def test_a_failing_lane_stops_the_campaign_and_its_error_is_raised(tmp_path, mon
     assert len(started) < 10  # the lanes stopped taking runs once one failed
 
 
+class PlantedClock:
+    """time.monotonic for run_campaign: each fake run moves it on by its seconds."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_fake_runs(monkeypatch, clock: PlantedClock, seconds: float, ran: list[str]) -> None:
+    def fake_run_one(command, out_json, name, log, env=None):
+        ran.append(name)
+        clock.now += seconds
+        out_json.write_text(json.dumps(make_run(0)))
+        return 0, seconds
+
+    monkeypatch.setattr(selftest, "run_one", fake_run_one)
+    monkeypatch.setattr(selftest.time, "monotonic", clock)
+
+
+def test_stop_after_starts_no_run_that_would_end_past_it_and_resume_goes_on(tmp_path, monkeypatch, capsys) -> None:
+    clock, ran = PlantedClock(), []
+    timed_fake_runs(monkeypatch, clock, 100.0, ran)
+    # 0 s: run 1 (no run timed yet); 100 s: run 2 would end at 200 <= 250; 200 s: run 3 would end at 300.
+    with pytest.raises(selftest.CampaignStopped, match=r"2 of 6 runs in .*--resume goes on"):
+        selftest.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], stop_after=250)
+    assert ran == ["aa-01", "aa-02"]
+    # A run cut off mid-write leaves a JSON that does not parse: run again, not kept.
+    (tmp_path / "aa-03.json").write_text('{"benchmarks": [')
+    ran.clear()
+    paths = selftest.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], resume=True)
+    assert ran == ["aa-03", "plant05-01", "plant05-02", "plant05-03"]
+    assert len(paths) == 6 and all(path.is_file() for path in paths)
+    assert "resuming: 2 of 6 runs already in" in capsys.readouterr().out
+
+
+def test_without_resume_every_run_runs_again(tmp_path, monkeypatch) -> None:
+    clock, ran = PlantedClock(), []
+    timed_fake_runs(monkeypatch, clock, 1.0, ran)
+    selftest.run_campaign(tmp_path, "bench", "x", 2, [], "host", [])
+    selftest.run_campaign(tmp_path, "bench", "x", 2, [], "host", [])
+    assert ran == ["aa-01", "aa-02"] * 2
+
+
+def test_a_stopped_campaign_exits_3_with_how_to_go_on(tmp_path, monkeypatch, capsys) -> None:
+    clock, ran = PlantedClock(), []
+    timed_fake_runs(monkeypatch, clock, 100.0, ran)
+    code = main(["-k", "x", "--runs", "3", "--out", str(tmp_path), "--stop-after", "150"])
+    assert code == 3 and ran == ["aa-01"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(--stop-after 150): 1 of 3 runs" in err
+    assert not (tmp_path / "selftest.md").exists()  # no analysis of a campaign half done
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf"])
+def test_bad_stop_after_is_a_usage_error(capsys, value) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["-k", "x", "--stop-after", value])
+    assert exit_.value.code == 2
+    assert "--stop-after" in capsys.readouterr().err
+
+
+def test_resume_does_not_go_with_from(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--from", str(tmp_path), "--resume"])
+    assert exit_.value.code == 2
+    assert "--resume do not apply" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0,0", "a", "0,,1", "-1"])
 def test_bad_gpu_lists_are_usage_errors(capsys, value) -> None:
     with pytest.raises(SystemExit) as exit_:

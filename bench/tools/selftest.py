@@ -3,7 +3,7 @@ often it catches a planted slowdown, and which per-case budget keeps it quiet.
 
     python -m bench.tools.selftest -k EXPR [--runs N] [--plant PCT ...] [--mode host|gpu]
                                    [--gpus 0,1,...] [--out DIR] [--path PATH] [--budgets PATH]
-                                   [-- PYTEST ARGS...]
+                                   [--resume] [--stop-after SECONDS] [-- PYTEST ARGS...]
     python -m bench.tools.selftest --from DIR [--out DIR] [--budgets PATH]
 
 e.g. ``python -m bench.tools.selftest -k "units or batch" --runs 10 --plant 5 --plant 15
@@ -15,7 +15,9 @@ slowdown X (``--plant-slowdown=X:MODE``, inside every timed epoch), each run one
 current directory with the arguments after ``--``. With ``--gpus 0,1``, one lane per
 GPU takes the next run of that order as it frees, each pytest seeing only its GPU
 (CUDA_VISIBLE_DEVICES): the runs share the host as a busy runner's would, and a
-campaign takes a fraction of the time. Its output goes to a log beside
+campaign takes a fraction of the time. ``--stop-after S`` starts no run that would end
+after S seconds (exit 3) and ``--resume`` keeps the runs already complete, so a campaign
+can span sessions of limited time. Its output goes to a log beside
 its JSON, its load series under ``OUT/series/<run>/`` unless the arguments name a
 ``--series-dir``. A run whose pytest exits 1 (a case broke its own budgets, e.g. an
 accuracy floor) still counts once its JSON is written. ``--budgets`` names the file
@@ -545,24 +547,55 @@ def run_one(
     return code, seconds
 
 
+class CampaignStopped(Exception):
+    """--stop-after ended the campaign before its last run; the message says how to go on."""
+
+
+def finished_run(path: Path) -> bool:
+    """Whether `path` holds a complete run of this suite (what --resume keeps)."""
+    try:
+        read_run(path)
+    except BaselineError:
+        return False
+    return True
+
+
 def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[float], mode: str,
-                 extra: Sequence[str], gpus: Sequence[str] = ()) -> list[Path]:  # fmt: skip
+                 extra: Sequence[str], gpus: Sequence[str] = (), resume: bool = False,
+                 stop_after: float | None = None) -> list[Path]:  # fmt: skip
     """Every run, A/A first, printing a line per run as it ends; the JSON files written.
     With `gpus`, one lane per GPU runs the plan's next run as it frees; the first
-    failure stops the lanes from starting more and is raised once the running ones end."""
+    failure stops the lanes from starting more and is raised once the running ones end.
+
+    `resume`: a run whose JSON in `out` is already a complete run is kept, not run again
+    (an interrupted run leaves none, or one that does not parse, and runs again).
+    `stop_after`: seconds; a lane starts no run that would end past them, judged by the
+    longest run so far, and CampaignStopped is raised once the running ones end. So a
+    campaign can be spread over sessions of limited time: the same command with
+    ``--resume`` goes on where the last one stopped."""
     out.mkdir(parents=True, exist_ok=True)
     plan = [(None, i) for i in range(1, runs + 1)] + [(pct, i) for pct in plants for i in range(1, runs + 1)]
     own_series = any(arg.startswith("--series-dir") for arg in extra)
     width = len(str(len(plan)))
     pending = list(enumerate(plan, 1))
+    if resume:
+        kept = [step for step, (pct, index) in pending if finished_run(out / f"{run_name(pct, index)}.json")]
+        pending = [entry for entry in pending if entry[0] not in kept]
+        if kept:
+            print(f"resuming: {len(kept)} of {len(plan)} runs already in {out}", flush=True)
     failures: list[Exception] = []
     lock = threading.Lock()
+    begin, longest = time.monotonic(), [0.0]
+    stopped = [False]
 
     def lane(gpu: str | None) -> None:
         env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
         while True:
             with lock:
                 if failures or not pending:
+                    return
+                if stop_after is not None and time.monotonic() - begin + longest[0] > stop_after:
+                    stopped[0] = True
                     return
                 step, (pct, index) = pending.pop(0)
             name = run_name(pct, index)
@@ -575,6 +608,8 @@ def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[fl
                 with lock:
                     failures.append(exc)
                 return
+            with lock:
+                longest[0] = max(longest[0], seconds)
             note = " (a case broke its own budgets; its record counts)" if code == 1 else ""
             where = f" on GPU {gpu}" if gpu is not None else ""
             print(f"[{step:>{width}}/{len(plan)}] {name}{where}: {seconds:.1f} s, pytest exit {code}{note}", flush=True)
@@ -589,6 +624,11 @@ def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[fl
         lane(None)
     if failures:
         raise failures[0]
+    if stopped[0] and pending:
+        raise CampaignStopped(
+            f"stopped after {time.monotonic() - begin:.0f} s (--stop-after {stop_after:g}): "
+            f"{len(plan) - len(pending)} of {len(plan)} runs in {out}; the same command with --resume goes on"
+        )
     return [out / f"{run_name(pct, index)}.json" for pct, index in plan]
 
 
@@ -613,6 +653,16 @@ def parse_pct(value: str) -> float:
     return pct
 
 
+def parse_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of seconds above 0")
+    return seconds
+
+
 def parse_runs(value: str) -> int:
     if not value.isdigit() or int(value) < 2:
         raise argparse.ArgumentTypeError(f"{value!r}: at least 2 runs (one A/A comparison)")
@@ -623,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.tools.selftest",
         usage="%(prog)s (-k EXPR | --from DIR) [--runs N] [--plant PCT ...] [--mode host|gpu] [--gpus 0,1] [--out DIR] "
-              "[--path PATH] [--budgets PATH] [-- PYTEST ARGS...]",
+              "[--path PATH] [--budgets PATH] [--resume] [--stop-after SECONDS] [-- PYTEST ARGS...]",
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the epilog's lines
@@ -642,6 +692,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--path", default=None, help="what pytest runs. Default: bench/test_experiments.py")
     parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, metavar="PATH",
                         help="the budgets file the runs are judged with. Default: bench/budgets.toml")  # fmt: skip
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs already complete in --out; run only the rest")  # fmt: skip
+    parser.add_argument("--stop-after", type=parse_seconds, default=None, metavar="SECONDS",
+                        help="start no run that would end later than this (judged by the longest run so far); "
+                             "exit 3, to go on with --resume")  # fmt: skip
     parser.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                         help="do not run: analyse the run files already in DIR")  # fmt: skip
     return parser
@@ -653,7 +708,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     args, pytest_args = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: for pytest
     running = (("-k", args.expr), ("--runs", args.runs), ("--plant", args.plant), ("--mode", args.mode),
-               ("--path", args.path), ("--gpus", args.gpus), ("pytest arguments", pytest_args))  # fmt: skip
+               ("--path", args.path), ("--gpus", args.gpus), ("--resume", args.resume),
+               ("--stop-after", args.stop_after), ("pytest arguments", pytest_args))  # fmt: skip
     running_only = [name for name, given in running if given]
     if args.from_dir is not None and running_only:
         parser.error(f"--from analyses runs already made: {', '.join(running_only)} do not apply")
@@ -666,9 +722,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             paths = run_files(args.from_dir)
         else:
             paths = run_campaign(out, args.path or "bench/test_experiments.py", args.expr, args.runs or 10,
-                                 args.plant, args.mode or "host", pytest_args, args.gpus or ())  # fmt: skip
+                                 args.plant, args.mode or "host", pytest_args, args.gpus or (),
+                                 resume=args.resume, stop_after=args.stop_after)  # fmt: skip
         campaign = load_campaign(paths)
         results = analyse(campaign.aa_runs, campaign.planted_runs, budgets)
+    except CampaignStopped as exc:
+        print(f"mlp-loadbench selftest: {exc}", file=sys.stderr)
+        return 3
     except (SelftestError, BudgetError) as exc:
         print(f"mlp-loadbench selftest: {exc}", file=sys.stderr)
         return 2
