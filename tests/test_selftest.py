@@ -364,6 +364,25 @@ def test_a_stopped_campaign_exits_3_with_how_to_go_on(tmp_path, monkeypatch, cap
     assert not (tmp_path / "selftest.md").exists()  # no analysis of a campaign half done
 
 
+def test_an_empty_k_runs_every_case(tmp_path, monkeypatch) -> None:
+    commands: list[list[str]] = []
+
+    def fake_run_one(command, out_json, name, log, env=None):
+        commands.append(command)
+        out_json.write_text(json.dumps(make_run(0)))
+        return 0, 1.0
+
+    monkeypatch.setattr(selftest, "run_one", fake_run_one)
+    assert main(["-k", "", "--runs", "2", "--out", str(tmp_path)]) == 0
+    assert len(commands) == 2 and all(c[c.index("-k") + 1] == "" for c in commands)
+
+
+def test_an_empty_k_does_not_go_with_from(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--from", str(tmp_path), "-k", ""])
+    assert "-k do not apply" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "soon", "inf"])
 def test_bad_stop_after_is_a_usage_error(capsys, value) -> None:
     with pytest.raises(SystemExit) as exit_:

@@ -710,10 +710,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     running = (("-k", args.expr), ("--runs", args.runs), ("--plant", args.plant), ("--mode", args.mode),
                ("--path", args.path), ("--gpus", args.gpus), ("--resume", args.resume),
                ("--stop-after", args.stop_after), ("pytest arguments", pytest_args))  # fmt: skip
-    running_only = [name for name, given in running if given]
+    running_only = [name for name, given in running if given not in (None, False, [])]  # -k "": every case
     if args.from_dir is not None and running_only:
         parser.error(f"--from analyses runs already made: {', '.join(running_only)} do not apply")
-    if args.from_dir is None and not args.expr:
+    if args.from_dir is None and args.expr is None:
         parser.error("-k EXPR (the cases to run) or --from DIR (runs already made) is required")
     out = args.out or args.from_dir or Path("selftest")
     try:
