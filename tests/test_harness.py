@@ -426,3 +426,18 @@ def test_cache_state_is_read_from_the_users_folders(tmp_path, monkeypatch) -> No
     assert KernelCaches.for_session(cold=False).state == "empty"
     (tmp_path / "inductor" / "some").mkdir(parents=True)
     assert KernelCaches.for_session(cold=False).state == "warm"
+
+
+def test_the_record_names_the_card_a_run_was_made_on(monkeypatch) -> None:
+    # Cards of one model differ by a percent or so; the self-test reads the UUID to say how much.
+    from bench.monitor.sampler import GpuInfo
+    from bench.monitor.sampler import GpuProbe
+    from bench.plugin.session import LoadBenchSession
+
+    info = GpuInfo(index=0, name="NVIDIA H200", uuid="GPU-1234", memory_total_mib=143771.0, power_limit_w=700.0,
+                   driver="580.159.04", gpm=True)  # fmt: skip
+    session = LoadBenchSession.__new__(LoadBenchSession)  # only the probe is read
+    session.probe = GpuProbe(handle=None, info=info)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    assert session.gpu_info == {"name": "NVIDIA H200", "uuid": "GPU-1234", "memory_total_mib": 143771,
+                                "driver": "580.159.04", "power_limit_w": 700.0, "gpm": True, "capability": "9.0"}  # fmt: skip

@@ -162,6 +162,36 @@ def test_suggestion_formula(k, spread, change, expected) -> None:
     assert suggest_pct(k, spread, change) == expected
 
 
+def on_card(run: dict, uuid: str | None) -> dict:
+    run["machine_info"]["loadbench"]["gpu"]["uuid"] = uuid
+    return run
+
+
+def test_the_offset_between_cards_is_the_slowest_cards_median_over_the_fastests(budgets) -> None:
+    # Runs alternate over two cards (as --gpus lanes do); card B's runs are 1.3% slower.
+    aa = []
+    for i in range(6):
+        run = make_run(0)
+        card_b = i % 2 == 1
+        for bench in run["benchmarks"]:
+            info = bench["extra_info"]
+            median = info["median_epoch_s"] * (1.013 if card_b else 1.0) * (1 + 0.001 * (i // 2))
+            info.update(extra_info(info["case"], median))
+        aa.append(on_card(run, "GPU-b" if card_b else "GPU-a"))
+    result = {r.case_id: r for r in analyse(aa, {}, budgets)}["units-128"]
+    # card medians: a = 1.001 x m (runs 0, 2, 4), b = 1.013 x 1.001 x m (runs 1, 3, 5)
+    assert result.cards == 2 and result.card_offset == pytest.approx(0.013, rel=1e-6)
+    assert "| 1.30% (2 cards)" in selftest.table([result])
+
+
+@pytest.mark.parametrize(("uuids", "cards", "shown"), [(["GPU-a"] * 3, 1, "one card"), (["GPU-a", None, "GPU-b"], 0, "unknown")])
+def test_one_card_or_a_run_that_does_not_say_has_no_offset(budgets, uuids, cards, shown) -> None:
+    aa = [on_card(make_run(i), uuid) for i, uuid in enumerate(uuids)]
+    result = {r.case_id: r for r in analyse(aa, {}, budgets)}["units-128"]
+    assert (result.cards, result.card_offset) == (cards, None)
+    assert f"| {shown} " in selftest.table([result])
+
+
 def test_two_runs_leave_the_spread_unknown(budgets) -> None:
     (r, *_) = analyse([make_run(0), make_run(1)], {}, budgets)
     assert r.spread is None and r.suggested_pct is None

@@ -82,6 +82,7 @@ class LoadBenchSession:
         info = self.probe.info
         return {
             "name": info.name,
+            "uuid": info.uuid,  # which card of a multi-GPU runner: cards of one model differ by a percent or so
             "memory_total_mib": round(info.memory_total_mib),
             "driver": info.driver,
             "power_limit_w": info.power_limit_w,

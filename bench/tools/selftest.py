@@ -46,6 +46,9 @@ newest ``compare.MAX_HISTORY`` runs, as the suite's do.
 - spread: ``estimate_noise`` over all A/A runs (standard deviation of log run medians).
 - largest A/A change: the largest change of the median steady epoch between
   consecutive A/A runs, either way, as a slowdown: max(r, 1/r) - 1, r = now / before.
+- between cards: where the A/A runs came from several GPUs (``--gpus``; the record's GPU
+  UUID), the median epoch of the slowest card's runs over the fastest's, minus 1: how
+  much of the spread is the cards (a shared runner hands a job any of them).
 - smallest detectable now: ``time_limit(budget, noise of the A/A history)``, the
   slowdown a run must exceed to fail against these runs.
 - suggested time_slower_pct = max(1.0, k x spread, 1.5 x largest A/A change), in
@@ -291,6 +294,30 @@ class CaseResult:
     detectable_rule: str
     k: float
     suggested_pct: float | None
+    cards: int = 1  # distinct GPUs among the A/A runs; 0: some run does not say which
+    card_offset: float | None = None  # relative, slowest card's median over the fastest's; None: one card or unknown
+
+
+def card_of(run: dict[str, Any]) -> str | None:
+    """The UUID of the GPU a run was made on; None for runs that do not record it."""
+    gpu = run["machine_info"][RECORD_KEY].get("gpu") or {}
+    return gpu.get("uuid")
+
+
+def card_offset(records: Sequence[dict[str, Any]], cards: Sequence[str | None]) -> tuple[int, float | None]:
+    """(distinct cards, offset): the median of each card's run medians, the slowest over
+    the fastest minus 1. A campaign on a multi-GPU host alternates cards; this says how
+    much of the A/A spread is the cards rather than the runs. (0, None) when some run
+    does not name its card, (1, None) on one card."""
+    if any(card is None for card in cards):
+        return 0, None
+    per_card: dict[str, list[float]] = {}
+    for record, card in zip(records, cards):
+        per_card.setdefault(str(card), []).append(median_epoch(record))
+    if len(per_card) < 2:
+        return len(per_card), None
+    medians = [statistics.median(values) for values in per_card.values()]
+    return len(per_card), max(medians) / min(medians) - 1
 
 
 def median_epoch(extra_info: dict[str, Any]) -> float:
@@ -349,12 +376,18 @@ def smallest_detectable(budget: Budget, aa: Sequence[dict[str, Any]]) -> tuple[f
 
 
 def analyse_case(
-    budget: Budget, fullname: str, aa: Sequence[dict[str, Any]], planted: dict[float, Sequence[dict[str, Any]]]
+    budget: Budget,
+    fullname: str,
+    aa: Sequence[dict[str, Any]],
+    planted: dict[float, Sequence[dict[str, Any]]],
+    cards: Sequence[str | None] = (),
 ) -> CaseResult:
-    """One case's figures from its extra_info records: A/A in run order, planted per percentage."""
+    """One case's figures from its extra_info records: A/A in run order, planted per
+    percentage; `cards`, the GPU of each A/A record (card_of), where known."""
     spread = estimate_noise(aa).spread
     change = largest_change(aa)
     detectable, rule = smallest_detectable(budget, aa)
+    n_cards, offset = card_offset(aa, cards) if cards else (0, None)
     return CaseResult(
         fullname=fullname,
         case_id=str(aa[0].get("case", fullname)),
@@ -369,6 +402,8 @@ def analyse_case(
         detectable_rule=rule,
         k=noise_k(budget),
         suggested_pct=suggest_pct(noise_k(budget), spread, change),
+        cards=n_cards,
+        card_offset=offset,
     )
 
 
@@ -381,13 +416,14 @@ def analyse(
     results = []
     every = sorted(set().union(*(timed_cases(run) for run in aa_runs)))
     for fullname in every:
-        aa = [timed_cases(run)[fullname] for run in aa_runs if fullname in timed_cases(run)]
+        holding = [run for run in aa_runs if fullname in timed_cases(run)]
+        aa = [timed_cases(run)[fullname] for run in holding]
         if len(aa) < 2:
             continue  # no A/A comparison to make; missing_cases says which runs lack it
         planted = {pct: [timed_cases(run)[fullname] for run in runs if fullname in timed_cases(run)]
                    for pct, runs in planted_runs.items()}  # fmt: skip
         budget = budgets.resolve(profile, str(aa[0].get("experiment", "")), str(aa[0].get("case", "")), dataset)
-        results.append(analyse_case(budget, fullname, aa, planted))
+        results.append(analyse_case(budget, fullname, aa, planted, [card_of(run) for run in holding]))
     return results
 
 
@@ -419,19 +455,25 @@ def percent(value: float | None, unknown: str = "unknown") -> str:
 
 def table(results: Sequence[CaseResult]) -> str:
     pcts = sorted({pct for r in results for pct in r.detected})
-    headers = ["case", "runs", "spread", "largest A/A change", "false alarms"]
+    headers = ["case", "runs", "spread", "largest A/A change", "between cards", "false alarms"]
     headers += [f"detected at +{pct:g}%" for pct in pcts] + ["smallest detectable now", "suggested time_slower_pct"]
     rows = []
     for r in results:
         needs = f"unknown (needs {MIN_NOISE_DOF + 1} runs)"
         detected = [f"{r.detected[pct][0]}/{r.detected[pct][1]}" if pct in r.detected else "-" for pct in pcts]
         rows.append([
-            r.case_id, r.runs, percent(r.spread, needs), percent(r.largest_change),
+            r.case_id, r.runs, percent(r.spread, needs), percent(r.largest_change), between_cards(r),
             f"{r.false_alarms}/{r.comparisons}", *detected,
             f"{percent(r.detectable, 'n/a')} ({r.detectable_rule})",
             "n/a (spread unknown)" if r.suggested_pct is None else f"{r.suggested_pct:.1f}",
         ])  # fmt: skip
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def between_cards(r: CaseResult) -> str:
+    if r.card_offset is not None:
+        return f"{percent(r.card_offset)} ({r.cards} cards)"
+    return "one card" if r.cards == 1 else "unknown"
 
 
 def totals_line(t: Totals) -> str:
@@ -461,8 +503,10 @@ def markdown(campaign: Campaign, results: Sequence[CaseResult], budgets_path: Pa
         "",
         "False alarms: A/A run i judged against run i-1 (history runs 1..i-1). Detected: each planted run judged "
         "against the last A/A run (history all A/A runs). Spread: standard deviation of log run medians over the "
-        "A/A runs. Largest A/A change: between consecutive A/A runs, either way. Smallest detectable now: the "
-        "slowdown a run must exceed to fail against this history.",
+        "A/A runs. Largest A/A change: between consecutive A/A runs, either way. Between cards: where the A/A "
+        "runs were made on several GPUs (the record's GPU UUID), the slowest card's median epoch over the "
+        "fastest's, each the median of that card's runs: what of the spread is the cards. Smallest detectable "
+        "now: the slowdown a run must exceed to fail against this history.",
         "",
         f"{FORMULA}.",
         "",
