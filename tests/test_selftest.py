@@ -407,40 +407,23 @@ def test_an_empty_k_runs_every_case(tmp_path, monkeypatch) -> None:
     assert len(commands) == 2 and all(c[c.index("-k") + 1] == "" for c in commands)
 
 
-def test_an_empty_k_does_not_go_with_from(tmp_path, capsys) -> None:
-    with pytest.raises(SystemExit):
-        main(["--from", str(tmp_path), "-k", ""])
-    assert "-k do not apply" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("option", "values"), [("--stop-after", ["0", "-5", "soon", "inf"]), ("--gpus", ["0,0", "a", "0,,1", "-1"])]
+)
+def test_bad_running_options_are_usage_errors(capsys, option, values) -> None:
+    for value in values:
+        with pytest.raises(SystemExit) as exit_:
+            main(["-k", "x", option, value])
+        assert exit_.value.code == 2
+        assert option in capsys.readouterr().err, value
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf"])
-def test_bad_stop_after_is_a_usage_error(capsys, value) -> None:
+@pytest.mark.parametrize(("given", "named"), [(["-k", ""], "-k"), (["--resume"], "--resume"), (["--gpus", "0,1"], "--gpus")])
+def test_running_options_named_with_from_are_usage_errors(tmp_path, capsys, given, named) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["-k", "x", "--stop-after", value])
+        main(["--from", str(tmp_path), *given])
     assert exit_.value.code == 2
-    assert "--stop-after" in capsys.readouterr().err
-
-
-def test_resume_does_not_go_with_from(tmp_path, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(["--from", str(tmp_path), "--resume"])
-    assert exit_.value.code == 2
-    assert "--resume do not apply" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("value", ["0,0", "a", "0,,1", "-1"])
-def test_bad_gpu_lists_are_usage_errors(capsys, value) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(["-k", "x", "--gpus", value])
-    assert exit_.value.code == 2
-    assert "--gpus" in capsys.readouterr().err
-
-
-def test_gpus_do_not_go_with_from(tmp_path, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(["--from", str(tmp_path), "--gpus", "0,1"])
-    assert exit_.value.code == 2
-    assert "--gpus do not apply" in capsys.readouterr().err
+    assert f"{named} do not apply" in capsys.readouterr().err
 
 
 def test_a_pytest_usage_error_stops_with_the_run_and_command(tmp_path, capsys, monkeypatch) -> None:
