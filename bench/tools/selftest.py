@@ -309,11 +309,11 @@ def card_offset(records: Sequence[dict[str, Any]], cards: Sequence[str | None]) 
     the fastest minus 1. A campaign on a multi-GPU host alternates cards; this says how
     much of the A/A spread is the cards rather than the runs. (0, None) when some run
     does not name its card, (1, None) on one card."""
-    if any(card is None for card in cards):
+    if not cards or any(card is None for card in cards):
         return 0, None
-    per_card: dict[str, list[float]] = {}
+    per_card: dict[str | None, list[float]] = {}
     for record, card in zip(records, cards):
-        per_card.setdefault(str(card), []).append(median_epoch(record))
+        per_card.setdefault(card, []).append(median_epoch(record))
     if len(per_card) < 2:
         return len(per_card), None
     medians = [statistics.median(values) for values in per_card.values()]
@@ -387,7 +387,7 @@ def analyse_case(
     spread = estimate_noise(aa).spread
     change = largest_change(aa)
     detectable, rule = smallest_detectable(budget, aa)
-    n_cards, offset = card_offset(aa, cards) if cards else (0, None)
+    n_cards, offset = card_offset(aa, cards)
     return CaseResult(
         fullname=fullname,
         case_id=str(aa[0].get("case", fullname)),
@@ -623,14 +623,12 @@ def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[fl
     width = len(str(len(plan)))
     pending = list(enumerate(plan, 1))
     if resume:
-        kept = [step for step, (pct, index) in pending if finished_run(out / f"{run_name(pct, index)}.json")]
-        pending = [entry for entry in pending if entry[0] not in kept]
-        if kept:
-            print(f"resuming: {len(kept)} of {len(plan)} runs already in {out}", flush=True)
+        pending = [(step, (pct, i)) for step, (pct, i) in pending if not finished_run(out / f"{run_name(pct, i)}.json")]
+        if len(pending) < len(plan):
+            print(f"resuming: {len(plan) - len(pending)} of {len(plan)} runs already in {out}", flush=True)
     failures: list[Exception] = []
     lock = threading.Lock()
-    begin, longest = time.monotonic(), [0.0]
-    stopped = [False]
+    begin, longest = time.monotonic(), [0.0]  # longest: a cell the lanes share
 
     def lane(gpu: str | None) -> None:
         env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
@@ -639,7 +637,6 @@ def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[fl
                 if failures or not pending:
                     return
                 if stop_after is not None and time.monotonic() - begin + longest[0] > stop_after:
-                    stopped[0] = True
                     return
                 step, (pct, index) = pending.pop(0)
             name = run_name(pct, index)
@@ -668,7 +665,7 @@ def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[fl
         lane(None)
     if failures:
         raise failures[0]
-    if stopped[0] and pending:
+    if pending:  # no failure, so --stop-after left them
         raise CampaignStopped(
             f"stopped after {time.monotonic() - begin:.0f} s (--stop-after {stop_after:g}): "
             f"{len(plan) - len(pending)} of {len(plan)} runs in {out}; the same command with --resume goes on"
