@@ -225,6 +225,12 @@ def strict_fp32_from_env(value: str | None) -> str:
 STRICT_FP32 = strict_fp32_from_env(os.environ.get("LOADBENCH_STRICT_FP32"))
 
 
+def param_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of W and b beside inputs of `dtype`: fp32 master weights under a
+    16-bit autocast (the eager path hands them to the kernels uncast), else the same."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 def _precision(dtype: torch.dtype) -> str:
     if dtype != torch.float32:
         return "ieee"  # 16-bit inputs: the tensor cores, fp32 accumulation

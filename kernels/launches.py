@@ -57,6 +57,7 @@ from kernels.launch_plan import LaunchConfig
 from kernels.launch_plan import _CLASS_OF
 from kernels.launch_plan import _make_plan
 from kernels.launch_plan import _mnk
+from kernels.launch_plan import param_dtype
 from kernels.launch_plan import _Plan
 from kernels.launch_plan import _precision
 from kernels.launch_plan import activation_class
@@ -532,9 +533,11 @@ def _forcing(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: Launc
 
 
 def _layer_tensors(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """X in the compute dtype, W and b as a layer holds them (param_dtype): the tensors
+    a training step hands the kernels, so a timed candidate reads what a real call does."""
     x = torch.randn(m, k, device=device, dtype=dtype)
-    w = torch.randn(n, k, device=device, dtype=dtype)
-    b = torch.randn(n, device=device, dtype=dtype)
+    w = torch.randn(n, k, device=device, dtype=param_dtype(dtype))
+    b = torch.randn(n, device=device, dtype=param_dtype(dtype))
     return x, w, b
 
 

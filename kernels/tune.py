@@ -151,7 +151,8 @@ def compile_keys(shape: KernelShape, cfg: LaunchConfig) -> set[tuple]:
     meta = torch.device("meta")
     act = launch_plan.ACTIVATIONS[launch_plan.TIMED_ACTIVATION[shape.act_class]]
     with launches._forcing(shape.kernel, m, n, k, shape.dtype, cfg):
-        x, w, b = (torch.empty(s, device=meta, dtype=shape.dtype) for s in ((m, k), (n, k), (n,)))
+        x = torch.empty((m, k), device=meta, dtype=shape.dtype)
+        w, b = (torch.empty(s, device=meta, dtype=launch_plan.param_dtype(shape.dtype)) for s in ((n, k), (n,)))
         if shape.kernel == "fwd":
             op._forward(x, w, b, act, shape.precision, shape.act_class, record)
         else:

@@ -433,6 +433,40 @@ def test_mixed_routes_match_torch(launches, routes) -> None:
         assert got[kernel] == ("cublas+epilogue" if cfg.backend == "cublas" else "triton split-K 2")
 
 
+@pytest.mark.parametrize("routes", [
+    {},
+    {"fwd": CUBLAS, "dw": CUBLAS, "dx": CUBLAS},
+    {"dw": LaunchConfig(16, 16, 16, 4, 3, split_k=2)},
+], ids=["triton", "cublas", "dw-split"])  # fmt: skip
+def test_autocast_hands_the_kernels_fp32_master_weights(launches, routes) -> None:
+    """Under 16-bit autocast W and b reach the kernels in fp32: Y is 16-bit, dW and db
+    come back in fp32 (from the fused kernels without passing through 16 bits), and every result is as close to
+    float64 as autocast torch's (which rounds dW before casting it back). fp16 here:
+    Triton's interpreter (3.9) computes bf16 dots wrongly; the GPU test runs bf16."""
+    m, k, n = 48, 40, 33
+    low = torch.bfloat16 if CUDA else torch.float16
+    launches.reset_launch_state(mode="off", tables=table_for(routes, m, k, n, "silu", low))
+    x, w, b, dy = inputs(m, k, n, torch.float32)
+    x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    results = {}
+    for name, fn in (("ours", lambda: linear_act(x, w, b, "silu")), ("torch", lambda: F.silu(F.linear(x, w, b)))):
+        with torch.autocast(DEVICE, low):
+            y = fn()
+        y.backward(dy.to(y.dtype))
+        results[name] = [y.detach(), x.grad, w.grad, b.grad]
+        x.grad = w.grad = b.grad = None
+    y, dx, dw, db = results["ours"]
+    assert (y.dtype, dx.dtype, dw.dtype, db.dtype) == (low, torch.float32, torch.float32, torch.float32)
+    if "dw" not in routes or routes["dw"].backend != "cublas":  # torch.mm's dW is 16-bit, cast after
+        assert not torch.equal(dw, dw.to(low).float())  # stored from the fp32 accumulator
+    exact = run(lambda x, w, b: F.silu(F.linear(x, w, b)), x.double(), w.double(), b.double(), dy.double())
+    for name, o, t, r in zip(("y", "dx", "dw", "db"), results["ours"], results["torch"], exact):
+        rms = lambda a: (a.double() - r).pow(2).mean().sqrt().item()  # noqa: E731
+        assert rms(o) <= 1.5 * rms(t) + 1e-3 * r.pow(2).mean().sqrt().item(), (name, rms(o), rms(t))
+    got = {e["kernel"]: e["route"] for e in launches.launch_report()}
+    assert got["fwd"] == ("cublas+epilogue" if "fwd" in routes else "triton")
+
+
 def test_launch_report_names_every_kernel_shape_and_source(launches) -> None:
     torch.manual_seed(1)
     model = MLP(75, 32, 2, 10, "relu", impl="triton")
