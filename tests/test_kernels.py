@@ -395,13 +395,14 @@ def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launche
 
 
 def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, activation: str, dtype=torch.float32) -> dict:
-    """A committed-table stand-in for this CPU, one entry per kernel of the layer."""
+    """A committed-table stand-in for this device, one entry per kernel of the layer."""
     from kernels import launch_plan as plan
 
     out = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}
     prec, cls = plan._precision(dtype), plan.activation_class(activation)
     configs = {plan.shape_key(kn, *out[kn], dtype, prec, cls): dataclasses.asdict(c) for kn, c in routes.items()}
-    return {"cpu": {"key_format": plan.KEY_FORMAT, "configs": configs}}
+    model = torch.cuda.get_device_name() if CUDA else "cpu"  # the table's key: this device's model
+    return {model: {"key_format": plan.KEY_FORMAT, "configs": configs}}
 
 
 CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
