@@ -281,7 +281,7 @@ def cell_list(
     cells = [(p, b, w, "leaky_relu") for p in precisions for b in batches for w in widths]
     if CENTRE[0] in batches and CENTRE[1] in widths:
         cells += [(p, *CENTRE, a) for p in precisions for a in activations if a != "leaky_relu"]
-    first = [c for c in PRIORITY if c in cells]
+    first = list(dict.fromkeys(c for c in PRIORITY if c in cells))  # PRIORITY names fp32 64 x 2048 twice
     return first + [c for c in cells if c not in first]
 
 
