@@ -50,9 +50,10 @@ shape, once per process (committed table, per-user cache, first-use tuning;
 The ops are declared with `torch.library.triton_op`, so they run under torch.compile,
 inside CUDA-graph capture and, with TRITON_INTERPRET=1, on CPU tensors. An eager call of
 `linear_act` (no torch.compile trace, no dispatch mode) skips the op's dispatcher
-round trip: an autograd.Function runs the same launch code with Triton's own launcher
-(on a 2-core CPU, with the launches stubbed out, about 40 us less per layer forward +
-backward), so the results are the same bits.
+round trip: an autograd.Function runs the same launch code (on a 2-core CPU, with the
+launches stubbed out, about 40 us less per layer forward + backward), so the results
+are the same bits; its launches skip Triton's per-call binding after the first of each
+launch signature (kernels/direct_launch.py).
 
 The structure follows Triton's matrix-multiplication tutorial (grouped program order,
 masked loads); the fused prologue, the bias-gradient reduction, split-K and the op
@@ -69,6 +70,7 @@ import triton.language as tl
 from torch.library import triton_op
 from torch.library import wrap_triton
 
+from kernels import direct_launch
 from kernels.launch_plan import ACTIVATIONS
 from kernels.launch_plan import CUBLAS
 from kernels.launch_plan import EPILOGUE_BLOCK
@@ -337,8 +339,9 @@ def _launch_traceable(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
 
 
 def _launch_direct(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
-    """Eagerly, outside any trace: Triton's own launcher, no wrapper objects."""
-    fn[grid](*args, **kwargs)
+    """Eagerly, outside any trace: the compiled kernel's launcher, Triton's binding done
+    once per launch signature (kernels/direct_launch.py)."""
+    direct_launch.launch(fn, grid, *args, **kwargs)
 
 
 def _forward(
