@@ -441,9 +441,10 @@ def test_mixed_routes_match_torch(launches, routes) -> None:
 ], ids=["triton", "cublas", "dw-split"])  # fmt: skip
 def test_autocast_hands_the_kernels_fp32_master_weights(launches, routes) -> None:
     """Under 16-bit autocast W and b reach the kernels in fp32: Y is 16-bit, dW and db
-    come back in fp32 (from the fused kernels without passing through 16 bits), and every result is as close to
-    float64 as autocast torch's (which rounds dW before casting it back). fp16 here:
-    Triton's interpreter (3.9) computes bf16 dots wrongly; the GPU test runs bf16."""
+    come back in fp32 (from the fused kernels without passing through 16 bits), and
+    every result is as close to float64 as autocast torch's (which rounds dW before
+    casting it back). fp16 on a CPU: Triton's interpreter does not support bf16 dots
+    (triton-lang/triton#11584); on a GPU this runs bf16."""
     m, k, n = 48, 40, 33
     low = torch.bfloat16 if CUDA else torch.float16
     launches.reset_launch_state(mode="off", tables=table_for(routes, m, k, n, "silu", low))

@@ -538,7 +538,7 @@ def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys
 
 def _grads(fn, x, w, b, autocast=False):
     x, w, b = (t.clone().requires_grad_() for t in (x, w, b))
-    # fp16: Triton's interpreter (3.9) computes bf16 dots wrongly
+    # fp16: Triton's interpreter does not support bf16 dots (triton-lang/triton#11584)
     with torch.autocast("cpu", torch.float16, enabled=autocast):
         y = fn(x, w, b)
     y.float().pow(2).sum().backward()
