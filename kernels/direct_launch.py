@@ -2,12 +2,11 @@
 
 `kernel[grid](*args)` binds every argument, specializes each one, builds a cache key and
 looks the compiled kernel up on every call. At the MLP's sizes a layer's forward and
-backward are three launches of a few microseconds of GPU work each, and that host-side
-bookkeeping is most of a launch's cost (H100, triton 3.6, 200 eager steps of the 512 x
-512 MLP under cProfile: 83 us per launch inside JITFunction.run, 26 us of it in the
-driver's launcher). `launch` does the bookkeeping once per launch signature and then
+backward are three launches of a few microseconds of GPU work each, so an eager step is
+bound by the host. `launch` does that bookkeeping once per launch signature and then
 calls the compiled kernel's launcher the way JITFunction.run does (the same call form
-from Triton 3.4 to 3.9).
+from Triton 3.4 to 3.9): on an H100 with triton 3.6 that took 8-22% off an eager forward
++ backward of the MLP (docs/results-h200.md, "Fused kernel with fp32 master weights").
 
 The signature is at least as fine as Triton's specialization on NVIDIA GPUs: the
 kernel, the device, every constexpr and launch option, each tensor's dtype and 16-byte
