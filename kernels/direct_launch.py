@@ -51,9 +51,9 @@ def _arg_class(arg: Any) -> Any:
     return None
 
 
-def signature(fn: Any, grid_free_args: tuple, kwargs: dict) -> tuple | None:
+def signature(fn: Any, args: tuple, kwargs: dict) -> tuple | None:
     """The launch signature of `fn(*args, **kwargs)`, or None where it cannot be told."""
-    classes = tuple(_arg_class(a) for a in grid_free_args)
+    classes = tuple(_arg_class(a) for a in args)
     if None in classes:
         return None
     try:
