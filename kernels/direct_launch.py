@@ -88,8 +88,8 @@ def launch(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
         return
     kernel, names = hit
     values = args + tuple(kwargs[n] for n in names[len(args) :])
-    device = _driver.active.get_current_device()
-    stream = _driver.active.get_current_stream(device)
+    # key[1]: torch's current device, the one Triton's CUDA driver reports too
+    stream = _driver.active.get_current_stream(key[1])
     grid_0 = grid[0]
     grid_1 = grid[1] if len(grid) > 1 else 1
     grid_2 = grid[2] if len(grid) > 2 else 1
