@@ -2,8 +2,9 @@
 what a kernel launch at a given shape runs with, worked out without running anything.
 
 - `LaunchConfig`: a kernel's tile (output rows x columns, reduction step, warps,
-  stages, program group), its split-K slices (dW only) and its route ('triton', or
-  'cublas': torch.mm plus our epilogue / prologue kernel).
+  stages, program group), its split-K slices (dW only) and its route ('triton';
+  'cublas': torch.mm plus our epilogue / prologue kernel; 'gemv', forward only: the
+  few-row kernel, for serving batches of at most GEMV_MAX_ROWS rows).
 - `heuristic_config`: the tile used where nothing was measured. `candidates` and
   `tuning_candidates`: what tuning times for a shape (the tiles that fit the output,
   split-K for weight gradients that leave SMs idle, the cuBLAS route), less what the
@@ -48,8 +49,15 @@ GRAD_BLOCK = (64, 32)  # rows walked per step, columns per program
 # ---------------------------------------------------------------- launch configs
 
 
-TRITON, CUBLAS = "triton", "cublas"
-BACKENDS = (TRITON, CUBLAS)
+TRITON, CUBLAS, GEMV = "triton", "cublas", "gemv"
+BACKENDS = (TRITON, CUBLAS, GEMV)
+# The few-row forward: tl.dot pads a tile to 16 rows, so at batch 1 a tensor-core tile
+# does 16x the work and its few wide programs leave most SMs idle. The gemv route
+# multiplies on the FMA units (fp32 exactly, at any matmul precision) with one program
+# per strip of output columns, so a batch-1 layer reads W with many SMs at once.
+GEMV_MAX_ROWS = 16
+GEMV_MAX_TILE = 8192  # rows x columns x reduction step of one program's product, in registers
+GEMV_TILES = ((16, 128), (32, 128), (16, 256), (64, 64), (32, 256))  # (columns, reduction step)
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ class LaunchConfig:
     num_stages: int
     group: int = 8
     split_k: int = 1  # dw only: slices of the batch reduced by separate programs
-    backend: str = TRITON  # 'cublas': torch.mm plus our epilogue / prologue kernel
+    backend: str = TRITON  # 'cublas': torch.mm plus our epilogue / prologue kernel; 'gemv': few rows
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchConfig:
@@ -75,8 +83,11 @@ class LaunchConfig:
         ints = (*blocks, cfg.num_warps, cfg.num_stages, cfg.group, cfg.split_k)
         if not all(type(v) is int for v in ints) or cfg.backend not in BACKENDS:
             raise ValueError(f"launch config {data!r}: integer fields, backend one of {', '.join(BACKENDS)}")
-        if any(b < 16 or b & (b - 1) for b in blocks) or cfg.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"launch config {data!r}: blocks must be powers of two >= 16, warps 1-16")
+        low_r = 1 if cfg.backend == GEMV else 16  # the gemv route has no tl.dot: a tile of one row is fine
+        if any(b < low or b & (b - 1) for b, low in zip(blocks, (low_r, 16, 16))) or cfg.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"launch config {data!r}: blocks must be powers of two >= 16 (gemv rows >= 1), warps 1-16")
+        if cfg.backend == GEMV and (cfg.block_r > GEMV_MAX_ROWS or cfg.split_k != 1):
+            raise ValueError(f"launch config {data!r}: the gemv route takes at most {GEMV_MAX_ROWS} rows, no split-K")
         if not (1 <= cfg.num_stages <= 8 and cfg.group >= 1 and 1 <= cfg.split_k <= 64):
             raise ValueError(f"launch config {data!r}: stages 1-8, group >= 1, split_k 1-64")
         return cfg
@@ -84,6 +95,8 @@ class LaunchConfig:
     def describe(self) -> str:
         if self.backend == CUBLAS:
             return "cublas+epilogue"
+        if self.backend == GEMV:
+            return f"gemv {self.block_r}x{self.block_c}x{self.block_red} w{self.num_warps}"
         split = f" split-K {self.split_k}" if self.split_k > 1 else ""
         return f"{self.block_r}x{self.block_c}x{self.block_red} w{self.num_warps} s{self.num_stages}{split}"
 
@@ -206,9 +219,32 @@ def tuning_candidates(
         if max(p for p in programs if p is not None) >= sm_count:
             floor = MIN_PROGRAMS_PER_SM * sm_count
             out = [c for i, (c, p) in enumerate(zip(out, programs)) if i == 0 or p is None or p >= floor]
-    out.append(dataclasses.replace(heuristic, backend=CUBLAS))
+    if kernel == "fwd" and rows <= GEMV_MAX_ROWS:
+        out += gemv_candidates(rows, reduction)
+    out.append(dataclasses.replace(heuristic, backend=CUBLAS))  # last: first-use tuning's seeds keep it there
     return out
 
+
+def check_route(key: str, cfg: LaunchConfig) -> LaunchConfig:
+    """`cfg` if its route can run the kernel of shape key `key`; a table or cache entry
+    giving a weight or input gradient the forward-only gemv route raises ValueError."""
+    if cfg.backend == GEMV and not key.startswith("fwd:"):
+        raise ValueError(f"the gemv route is forward-only, not for {key.split(':')[0]}")
+    return cfg
+
+
+def gemv_candidates(rows: int, reduction: int) -> list[LaunchConfig]:
+    """The gemv route's tiles for a forward of `rows` <= GEMV_MAX_ROWS rows: all rows in
+    one tile, strips of 16-64 output columns, a reduction step no longer than the
+    reduction needs, within GEMV_MAX_TILE."""
+    block_r = triton.next_power_of_2(rows)
+    out = []
+    for cols, red in GEMV_TILES:
+        red = min(red, _pow2_at_least(reduction, 16, red))
+        cfg = LaunchConfig(block_r, cols, red, 4, 1, backend=GEMV)
+        if block_r * cols * red <= GEMV_MAX_TILE and cfg not in out:
+            out.append(cfg)
+    return out
 
 STRICT_FP32_CHOICES = ("ieee", "tf32x3")
 
@@ -274,6 +310,10 @@ class _Plan:
 
 
 def _make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> _Plan:
+    if cfg.backend == GEMV:
+        if kernel != "fwd":
+            raise ValueError(f"the gemv route is forward-only; {kernel} was given {cfg.describe()}")
+        return _Plan(cfg, (triton.cdiv(cols, cfg.block_c), triton.cdiv(rows, cfg.block_r)))
     if cfg.backend == CUBLAS:  # only the forward's epilogue has a grid per shape
         fwd = kernel == "fwd"
         return _Plan(cfg, (triton.cdiv(rows, EPILOGUE_BLOCK[0]), triton.cdiv(cols, EPILOGUE_BLOCK[1])) if fwd else ())

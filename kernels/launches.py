@@ -49,10 +49,11 @@ import triton
 
 from kernels import tuning_cache
 from kernels.launch_plan import ACTIVATIONS
-from kernels.launch_plan import CUBLAS
+from kernels.launch_plan import GEMV
 from kernels.launch_plan import KEY_FORMAT
 from kernels.launch_plan import SILU
 from kernels.launch_plan import TIMED_ACTIVATION
+from kernels.launch_plan import TRITON
 from kernels.launch_plan import LaunchConfig
 from kernels.launch_plan import _CLASS_OF
 from kernels.launch_plan import _make_plan
@@ -61,6 +62,7 @@ from kernels.launch_plan import param_dtype
 from kernels.launch_plan import _Plan
 from kernels.launch_plan import _precision
 from kernels.launch_plan import activation_class
+from kernels.launch_plan import check_route
 from kernels.launch_plan import heuristic_config
 from kernels.launch_plan import kernel_shapes
 from kernels.launch_plan import shape_key
@@ -177,7 +179,7 @@ class _Launches:
             parsed = {}
             for key, cfg in raw.items():
                 try:
-                    parsed[key] = cfg if isinstance(cfg, LaunchConfig) else LaunchConfig.from_dict(cfg)
+                    parsed[key] = check_route(key, cfg if isinstance(cfg, LaunchConfig) else LaunchConfig.from_dict(cfg))
                 except (ValueError, TypeError) as exc:
                     self._warn_once(f"{TABLE_PATH}: {gpu}: {key}: {exc}; using the heuristic for it")
             self._tables[gpu] = parsed
@@ -194,7 +196,7 @@ class _Launches:
         if entry is None:
             return None
         try:
-            return LaunchConfig.from_dict(entry["config"])
+            return check_route(key, LaunchConfig.from_dict(entry["config"]))
         except (ValueError, TypeError, KeyError) as exc:
             self._warn_once(f"{self.cache(gpu).path}: {key}: {exc}; re-tuning it")
             return None
@@ -255,7 +257,8 @@ class _Launches:
         cands = tuning_candidates(kernel, rows, cols, red, dtype, self.sm_count(device))
         seeds = self.seeds(gpu, kernel, rows, cols, red, dtype, precision, act_class)
         if seeds is not None:
-            cands = list(dict.fromkeys([cands[0], *seeds, cands[-1]]))  # heuristic, seeds, cuBLAS
+            gemv = [c for c in cands if c.backend == GEMV]  # the table's finalists predate the route
+            cands = list(dict.fromkeys([cands[0], *seeds, *gemv, cands[-1]]))  # heuristic, seeds, gemv, cuBLAS
         label = f"loadbench: tuning {key} (M={m} N={n} K={k}) on {gpu}, {len(cands)} candidates"
         tty = sys.stderr.isatty()
         print(label, end="" if tty else " ...", file=sys.stderr, flush=True)
@@ -363,7 +366,7 @@ class _Launches:
 
     def record(self, kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class) -> None:  # type: ignore[no-untyped-def]
         cfg = plan.cfg
-        route = cfg.describe() if cfg.backend == CUBLAS else f"triton split-K {plan.splits}" if plan.splits > 1 else "triton"
+        route = cfg.describe() if cfg.backend != TRITON else f"triton split-K {plan.splits}" if plan.splits > 1 else "triton"
         entry: dict[str, Any] = {
             "kernel": kernel,
             "dtype": str(dtype).removeprefix("torch."),

@@ -27,7 +27,7 @@ tensor-core products) or 'ieee' (Triton's fp32 dot on the FMA units). On an H100
 shapes, the IEEE dot's input gradient does not (tests/test_kernels.py, GPU tests). It
 is not bit-for-bit IEEE.
 
-Three routes, chosen per kernel and shape by the launch configuration:
+Four routes, chosen per kernel and shape by the launch configuration:
 
 - 'triton' (split_k = 1): the fused kernels above.
 - split-K, for dW only (split_k = S > 1): at batch 512 a 512 x 512 weight gradient
@@ -40,6 +40,9 @@ Three routes, chosen per kernel and shape by the launch configuration:
   kernel for what the fused kernel does around it: bias + activation after the
   forward GEMM, dZ = act'(.) and the compensated db before the backward GEMMs. For
   the shapes where cuBLAS's GEMM is measured faster than ours.
+- 'gemv', forward only, at most 16 rows (serving): products on the FMA units, many
+  narrow programs, the same epilogue; one launch per layer where the cuBLAS route
+  takes two (a GEMV and the epilogue).
 
 Each launch's configuration (tile, split-K slices, route) comes from a plan per
 kernel and shape: kernels/launch_plan.py works plans out (configurations, heuristic,
@@ -74,6 +77,7 @@ from kernels import direct_launch
 from kernels.launch_plan import ACTIVATIONS
 from kernels.launch_plan import CUBLAS
 from kernels.launch_plan import EPILOGUE_BLOCK
+from kernels.launch_plan import GEMV
 from kernels.launch_plan import GRAD_BLOCK
 from kernels.launch_plan import SILU
 from kernels.launch_plan import SUM_BLOCK
@@ -166,6 +170,41 @@ def _forward_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     # Epilogue, while the accumulator is still fp32.
+    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    y = _activation(z, ACTIVATION, slope)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    out = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if SAVE_Z:
+        tl.store(z_ptr + out, z.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _forward_gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, z_ptr,
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    slope,
+    ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """The gemv route's forward, for a few rows: each program a strip of BLOCK_N output
+    columns for all BLOCK_M rows, products on the FMA units in fp32 (W rounded to X's
+    dtype first, as the tensor-core kernel does), the same epilogue."""
+    offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk  # W rows, contiguous along K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (offs_k[None, :] < k_left), other=0.0)
+        w = w.to(x_ptr.dtype.element_ty).to(tl.float32)
+        acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
     z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     y = _activation(z, ACTIVATION, slope)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -362,6 +401,15 @@ def _forward(
         )  # fmt: skip
         return y, z if save_z else torch.empty((0, N), device=x.device, dtype=x.dtype)
     z = torch.empty((M, N) if save_z else (0, N), device=x.device, dtype=x.dtype)
+    if cfg.backend == GEMV:
+        launch(
+            _forward_gemv_kernel, plan.grid,
+            x, w, b, y, z if save_z else y, M, N, K,
+            x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1), LEAKY_SLOPE,
+            ACTIVATION=activation, SAVE_Z=save_z, BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return y, z
     launch(
         _forward_kernel, plan.grid,
         x, w, b, y, z if save_z else y, M, N, K,

@@ -420,6 +420,45 @@ def test_cublas_route_matches_torch(launches, activation) -> None:
     }
 
 
+GEMV = LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("m", [1, 3], ids=["batch-1", "batch-3"])
+def test_gemv_route_matches_torch(launches, activation, m) -> None:
+    """The few-row forward (serving batches): products on the FMA units, a strip of
+    columns per program; K = 75 and N = 33 leave partial strips and reduction steps.
+    Its gradients take the tensor-core kernels, as a table giving it the forward only."""
+    torch.set_float32_matmul_precision("highest")
+    cfg = dataclasses.replace(GEMV, block_r=4 if m > 1 else 1)
+    launches.reset_launch_state(mode="off", tables=table_for({"fwd": cfg}, m, 75, 33, activation))
+    check_against_float64(m, 75, 33, activation, torch.float32)
+    got = {e["kernel"]: e["route"] for e in launches.launch_report()}
+    assert got["fwd"] == f"gemv {cfg.block_r}x16x16 w4"
+
+
+def test_gemv_route_rounds_w_to_the_autocast_dtype(launches) -> None:
+    """Under 16-bit autocast the gemv route multiplies X by W rounded to X's dtype,
+    as the tensor-core kernel and autocast torch do (fp16 on a CPU: see below)."""
+    low = torch.bfloat16 if CUDA else torch.float16
+    launches.reset_launch_state(mode="off", tables=table_for({"fwd": GEMV}, 1, 40, 24, "relu", low))
+    x, w, b, _ = inputs(1, 40, 24, torch.float32)
+    with torch.no_grad(), torch.autocast(DEVICE, low):
+        ours = linear_act(x, w, b, "relu")
+    expected = F.relu(x.to(low).double() @ w.to(low).double().T + b.double())
+    assert ours.dtype == low
+    torch.testing.assert_close(ours.double(), expected.to(low).double(), rtol=1e-2, atol=1e-3)
+
+
+def test_a_gemv_route_for_a_gradient_is_refused_with_the_key(launches) -> None:
+    """A table giving the forward-only route to dW warns with the key and falls back."""
+    launches.reset_launch_state(mode="off", tables=table_for({"dw": GEMV}, 8, 40, 24, "relu"))
+    with pytest.warns(UserWarning, match="dw:.*gemv route is forward-only"):
+        check_against_float64(8, 40, 24, "relu", torch.float32)
+    got = {e["kernel"]: (e["source"], e["route"]) for e in launches.launch_report()}
+    assert got["dw"] == ("heuristic", "triton")
+
+
 @pytest.mark.parametrize("routes", [
     {"dw": CUBLAS},
     {"dx": CUBLAS},

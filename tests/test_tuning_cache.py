@@ -337,6 +337,28 @@ def test_tuning_candidates() -> None:
     assert len(set(dw)) == len(dw)
 
 
+def test_gemv_candidates_only_for_a_few_row_forward() -> None:
+    one = launch_plan.tuning_candidates("fwd", 1, 512, 512, torch.float32, 132)
+    gemv = [c for c in one if c.backend == "gemv"]
+    assert gemv and one[-1].backend == "cublas"  # cuBLAS stays last (first-use tuning's seeds keep it there)
+    assert all(c.block_r == 1 and c.block_r * c.block_c * c.block_red <= launch_plan.GEMV_MAX_TILE for c in gemv)
+    first = launch_plan.tuning_candidates("fwd", 3, 512, 75, torch.float32, 132)
+    assert {c.block_r for c in first if c.backend == "gemv"} == {4}
+    assert all(c.block_red <= 128 for c in first if c.backend == "gemv")  # no step past the 75-long reduction
+    for kernel, rows in (("fwd", 17), ("fwd", 512), ("dw", 1), ("dx", 1)):
+        assert all(c.backend != "gemv" for c in launch_plan.tuning_candidates(kernel, rows, 512, 512, torch.float32, 132))
+
+
+def test_gemv_configs_are_checked() -> None:
+    ok = {"block_r": 1, "block_c": 16, "block_red": 128, "num_warps": 4, "num_stages": 1, "backend": "gemv"}
+    assert LaunchConfig.from_dict(ok).describe() == "gemv 1x16x128 w4"
+    for bad in ({"block_r": 32}, {"block_r": 3}, {"split_k": 2}, {"block_c": 8}):
+        with pytest.raises(ValueError):
+            LaunchConfig.from_dict({**ok, **bad})
+    with pytest.raises(ValueError, match="not for dx"):
+        launch_plan.check_route("dx:float32:tf32x3:pointwise:16:512:512", LaunchConfig.from_dict(ok))
+
+
 def test_experiment_shapes_match_the_suite() -> None:
     """kernels/ may not import bench/: bench_cells keeps its own copy of the axes."""
     from bench.cases import EXPERIMENTS
