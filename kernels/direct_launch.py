@@ -9,9 +9,13 @@ from Triton 3.4 to 3.9): on an H100 with triton 3.6 that took 8-22% off an eager
 + backward of the MLP (docs/results-h200.md, "Fused kernel with fp32 master weights").
 
 The signature is at least as fine as Triton's specialization on NVIDIA GPUs: the
-kernel, the device, every constexpr and launch option, each tensor's dtype and 16-byte
-alignment, each integer's class (equal to 1, a multiple of 16, 32- or 64-bit), so a
-compiled kernel is never reused where Triton would have compiled another. Anything else
+kernel, the device, every constexpr and launch option, each tensor's dtype, device kind
+and 16-byte alignment, each integer's class (equal to 1, a multiple of 16, 32- or
+64-bit), so a compiled kernel is never reused where Triton would have compiled another.
+Tensors reach the launcher as plain addresses: Triton's launcher then skips their
+data_ptr() calls and a driver pointer query per tensor (cuPointerGetAttribute), which
+the signature's first launch made. With a launch hook set (a profiler) the launcher
+gets the tensors, as on Triton's path. Anything else
 (another backend, the interpreter, an argument type it does not know, a Triton without
 this call form) takes Triton's own launch path every time. Environment knobs read at
 compile time (TRITON_DEBUG and the like) are taken as fixed for the process.
@@ -33,36 +37,36 @@ try:
 except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another call form
     _knobs = _driver = None
 
-# launch signature -> (compiled kernel, argument names in the kernel's order)
-_COMPILED: dict[tuple, tuple[Any, tuple[str, ...]]] = {}
+# launch signature -> (compiled kernel, positions of the tensor arguments, constexpr and
+# defaulted values after the positional ones, in the kernel's order)
+_COMPILED: dict[tuple, tuple[Any, tuple[int, ...], tuple]] = {}
+_USABLE: dict[Any, bool] = {}
 _INT32 = (-(2**31), 2**31 - 1)
 
 
-def _arg_class(arg: Any) -> Any:
-    """What Triton's specialization can tell apart in one argument; None where unknown."""
-    if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() % 16 == 0)
-    if isinstance(arg, bool):
-        return ("b", arg)
-    if isinstance(arg, int):
-        return ("i", arg == 1, arg % 16 == 0, _INT32[0] <= arg <= _INT32[1], arg >= 2**63)
-    if isinstance(arg, float):
-        return ("f",)
-    return None
-
-
 def signature(fn: Any, args: tuple, kwargs: dict) -> tuple | None:
-    """The launch signature of `fn(*args, **kwargs)`, or None where it cannot be told."""
-    classes = tuple(_arg_class(a) for a in args)
-    if None in classes:
-        return None
+    """The launch signature of `fn(*args, **kwargs)`, or None where it cannot be told:
+    per argument what Triton's specialization can tell apart (a tensor's dtype, device
+    kind and 16-byte alignment; an int's class; a bool's value; a float is a float)."""
+    key: list[Any] = [fn, torch.cuda.current_device() if torch.cuda.is_initialized() else -1]
+    for a in args:
+        kind = type(a)
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.is_cuda, not a.data_ptr() & 15))
+        elif kind is int:
+            key.append((a == 1, not a % 16, _INT32[0] <= a <= _INT32[1], a >= 2**63))
+        elif kind is float:
+            key.append(float)
+        elif kind is bool:
+            key.append(a)
+        else:
+            return None
+    key.append(tuple(kwargs.items()))  # in the call's order: a call site always passes the same
     try:
-        extra = tuple(sorted(kwargs.items()))
-        hash(extra)
+        hash(key[-1])
     except TypeError:
         return None
-    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    return (fn, device, classes, extra)
+    return tuple(key)
 
 
 def _usable(fn: Any) -> bool:
@@ -74,29 +78,46 @@ def _usable(fn: Any) -> bool:
     )
 
 
+def _hooked(hook: Any) -> bool:
+    """Whether a launch hook is set: None, or an empty HookChain (Triton 3.5 on), is not."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def launch(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     """`fn[grid](*args, **kwargs)`, from the second call of a launch signature on
     straight through the compiled kernel's launcher."""
-    key = signature(fn, args, kwargs)
+    usable = _USABLE.get(fn)
+    if usable is None:
+        usable = _USABLE[fn] = bool(_usable(fn))
+    key = signature(fn, args, kwargs) if usable and type(grid) is tuple else None
     hit = _COMPILED.get(key) if key is not None else None
     if hit is None:
         kernel = fn[grid](*args, **kwargs)  # binds, compiles where needed, launches
-        if key is not None and _usable(fn) and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
+        if key is not None and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
             names = tuple(fn.arg_names)
             if set(names) == set(names[: len(args)]) | {n for n in kwargs if n in names}:
-                _COMPILED[key] = (kernel, names)
+                tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+                _COMPILED[key] = (kernel, tensors, tuple(kwargs[n] for n in names[len(args) :]))
         return
-    kernel, names = hit
-    values = args + tuple(kwargs[n] for n in names[len(args) :])
-    # key[1]: torch's current device, the one Triton's CUDA driver reports too
-    stream = _driver.active.get_current_stream(key[1])
-    grid_0 = grid[0]
-    grid_1 = grid[1] if len(grid) > 1 else 1
-    grid_2 = grid[2] if len(grid) > 2 else 1
+    kernel, tensors, tail = hit
+    stream = _driver.active.get_current_stream(key[1])  # torch's current device, the one Triton's driver reports
     runtime = _knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if not (_hooked(enter) or _hooked(leave)):
+        # Plain addresses: the launcher then skips each tensor's data_ptr() call and the
+        # driver's pointer check, which the first launch of this signature has done.
+        values = list(args)
+        for i in tensors:
+            values[i] = values[i].data_ptr()
+        values.extend(tail)
+        metadata = enter = leave = None
+    else:  # a profiler's hooks see the tensors and the launch metadata, as on Triton's path
+        values = [*args, *tail]
+        metadata = kernel.launch_metadata(grid, stream, *values)
+    size = len(grid)
     kernel.run(
-        grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata,
-        kernel.launch_metadata(grid, stream, *values), runtime.launch_enter_hook, runtime.launch_exit_hook, *values,
+        grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, kernel.function,
+        kernel.packed_metadata, metadata, enter, leave, *values,
     )  # fmt: skip
 
 
@@ -107,4 +128,4 @@ def cached_signatures() -> int:
 
 def clear() -> None:
     _COMPILED.clear()
-
+    _USABLE.clear()

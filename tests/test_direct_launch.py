@@ -71,8 +71,25 @@ def test_the_second_launch_of_a_signature_goes_straight_to_the_launcher(stand_in
     # grid to three dimensions, the stream, the handles, metadata, the two hooks, then
     # every argument in the kernel's order, constexprs included (launch options not)
     assert args[:5] == (5, 2, 1, 1234, "fn-handle") and args[5] == "meta"
-    assert args[-3:] == (x, 48, 16)
+    assert args[6:9] == (None, None, None)  # no hooks set: no metadata, no hook calls
+    assert args[-3:] == (x.data_ptr(), 48, 16)  # the tensor as its address: no pointer query in the launcher
     assert direct_launch.cached_signatures() == 1
+
+
+def test_with_a_launch_hook_set_the_launcher_gets_the_tensors_and_their_metadata(stand_in, monkeypatch) -> None:
+    """A profiler's launch hook (Proton, for one) reads the tensors from the metadata."""
+    def hook(metadata) -> None:
+        pass
+
+    monkeypatch.setattr(Compiled, "launch_metadata", lambda self, grid, stream, *args: ("md", args))
+    monkeypatch.setattr(direct_launch._knobs.runtime, "launch_enter_hook", hook)
+    x = torch.zeros(64)
+    for _ in range(2):
+        direct_launch.launch(stand_in, (3,), x, 32, BLOCK=16)
+    args = stand_in.calls[1][1]
+    assert kinds(stand_in) == ["triton", "direct"]
+    assert args[6] == ("md", (x, 32, 16)) and args[7] is hook
+    assert args[-3] is x and args[-2:] == (32, 16)
 
 
 @pytest.mark.parametrize("change", ["misaligned", "dtype", "int-class", "int-one", "constexpr", "option"])
