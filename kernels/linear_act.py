@@ -545,6 +545,43 @@ class _EagerLinearAct(torch.autograd.Function):
         return (dx if want_dx else None), dw, db, None
 
 
+class _EagerStack(torch.autograd.Function):
+    """Several layers in a row as one autograd node, for eager calls: the launches of
+    _EagerLinearAct layer by layer, without a Function call and a backward node per
+    layer (on the GPU hosts measured, a Function call alone costs about 11 us)."""
+
+    @staticmethod
+    def forward(ctx, x, activations, *params):  # type: ignore[no-untyped-def]
+        n = len(activations)
+        weights, biases = params[:n], params[n:]
+        prec = _precision(x.dtype)
+        inputs, saved = [], []
+        for w, b, act in zip(weights, biases, activations):
+            y, z = _forward(x, w, b, act, prec, _CLASS_OF[act], _launch_direct)
+            inputs.append(x)
+            saved.append(z if act == SILU else y)
+            x = y
+        ctx.activations = activations
+        ctx.save_for_backward(*inputs, *weights, *saved)
+        return x
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[no-untyped-def]
+        acts = ctx.activations
+        n = len(acts)
+        tensors = ctx.saved_tensors
+        inputs, weights, saved = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        prec = _precision(inputs[0].dtype)
+        dws: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
+        dbs: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
+        want_dx = ctx.needs_input_grad[0]
+        for i in reversed(range(n)):
+            dy, dws[i], dbs[i] = _backward(
+                dy, saved[i], inputs[i], weights[i], acts[i], i > 0 or want_dx, prec, _CLASS_OF[acts[i]], _launch_direct
+            )
+        return (dy if want_dx else None), None, *dws, *dbs
+
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 try:  # a module flag torch keeps up to date on every mode's entry and exit (infra modes too)
     from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
@@ -554,12 +591,11 @@ except ImportError:  # pragma: no cover - older torch
         return bool(torch._C._len_torch_dispatch_stack())
 
 
-def _eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> bool:
+def _eager(*tensors: torch.Tensor) -> bool:
     """Whether a call may skip the op: plain tensors, no torch.compile trace and no
     dispatch mode (fake tensors, make_fx, FlopCounter) that must see the op."""
     return (
-        type(x) in _PLAIN and type(w) in _PLAIN and type(b) in _PLAIN
-        and not torch.compiler.is_compiling() and not _in_dispatch_mode()
+        all(type(t) in _PLAIN for t in tensors) and not torch.compiler.is_compiling() and not _in_dispatch_mode()
     )  # fmt: skip
 
 
@@ -584,3 +620,35 @@ def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: st
     if torch.is_autocast_enabled(x.device.type):
         x = _autocast_input(x)
     return _EagerLinearAct.apply(x, w, b, code)
+
+
+def linear_act_stack(
+    x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], activations: list[str]
+) -> torch.Tensor:
+    """Layers in a row, each act_i(h @ W_i.T + b_i): what `linear_act` gives called layer
+    by layer, the same launches and bits. Eagerly and outside CUDA-graph capture the
+    stack is one autograd node (one Function call and one backward node instead of one
+    per layer). Under capture each layer keeps its own node, so gradient hooks (the
+    data-parallel graph loop's bucketed all-reduces) fire layer by layer, as they do
+    under torch.compile, which always sees the per-layer ops."""
+    if not (len(weights) == len(biases) == len(activations) > 0):
+        raise ValueError(f"linear_act_stack: {len(weights)} weights, {len(biases)} biases, {len(activations)} activations")
+    codes = []
+    for i, name in enumerate(activations):
+        code = ACTIVATIONS.get(name)
+        if code is None:
+            raise ValueError(f"layer {i}: activation {name!r}: expected one of {', '.join(ACTIVATIONS)}")
+        codes.append(code)
+    if not _eager(x, *weights, *biases) or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        for w, b, name in zip(weights, biases, activations):
+            x = linear_act(x, w, b, name)
+        return x
+    width = x.shape[-1] if x.dim() == 2 else None
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        if w.dim() != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
+            shapes = f"input {tuple(x.shape) if i == 0 else ('?', width)}, w {tuple(w.shape)}, b {tuple(b.shape)}"
+            raise ValueError(f"linear_act_stack: layer {i}: shapes {shapes} do not fit")
+        width = w.shape[0]
+    if torch.is_autocast_enabled(x.device.type):
+        x = _autocast_input(x)
+    return _EagerStack.apply(x, tuple(codes), *weights, *biases)

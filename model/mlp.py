@@ -51,11 +51,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "triton":
-            from kernels.linear_act import linear_act  # imported lazily: kernels/ needs triton
+            from kernels.linear_act import linear_act_stack  # imported lazily: kernels/ needs triton
 
-            for layer in self.hidden:
-                x = linear_act(x, layer.weight, layer.bias, self.activation)
-            return linear_act(x, self.head.weight, self.head.bias, "identity")
+            layers = [*self.hidden, self.head]
+            activations = [self.activation] * len(self.hidden) + ["identity"]
+            return linear_act_stack(x, [m.weight for m in layers], [m.bias for m in layers], activations)
         act = _TORCH_ACTIVATIONS[self.activation]
         for layer in self.hidden:
             x = act(layer(x))

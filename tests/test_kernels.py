@@ -592,3 +592,79 @@ def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_pat
     check_against_float64(m, k, n, "silu", f32)
     got = {e["kernel"]: (e["source"], e["route"]) for e in launches.launch_report()}
     assert got == {"fwd": ("table", "cublas+epilogue"), "dw": ("table", "triton split-K 2"), "dx": ("heuristic", "triton")}
+
+
+# ------------------------------------------------------------------ the layer stack
+
+
+def _stack_params(widths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ws = [(torch.randn(o, i, generator=g) / i**0.5).to(DEVICE).requires_grad_() for i, o in zip(widths, widths[1:])]
+    bs = [(torch.randn(o, generator=g) / 4).to(DEVICE).requires_grad_() for o in widths[1:]]
+    return ws, bs
+
+
+@pytest.mark.parametrize("low", [None, "fp16"], ids=["fp32", "fp16-autocast"])
+@pytest.mark.parametrize("input_grad", [False, True], ids=["x-no-grad", "x-grad"])
+def test_the_stack_gives_the_per_layer_bits_in_one_autograd_node(launches, low, input_grad) -> None:
+    """`linear_act_stack` (what MLP(impl='triton') calls) against `linear_act` layer by
+    layer: the same launches, so the same bits, forward and every gradient; eagerly the
+    stack is one backward node. fp16 autocast on a CPU (the interpreter has no bf16 dot)."""
+    from kernels.linear_act import linear_act_stack
+
+    torch.set_float32_matmul_precision("highest")
+    launches.reset_launch_state(mode="off")
+    acts = ["relu", "silu", "tanh", "identity"]
+    ws, bs = _stack_params([75, 40, 33, 24, 10])
+    x = torch.randn(37, 75, generator=torch.Generator().manual_seed(1)).to(DEVICE).requires_grad_(input_grad)
+    dtype = torch.bfloat16 if CUDA else torch.float16
+    results = []
+    for stacked in (True, False):
+        with torch.autocast(DEVICE, dtype, enabled=low is not None):
+            if stacked:
+                y = linear_act_stack(x, ws, bs, acts)
+                assert type(y.grad_fn).__name__ == "_EagerStackBackward"
+            else:
+                y = x
+                for w, b, a in zip(ws, bs, acts):
+                    y = linear_act(y, w, b, a)
+        y.float().square().sum().backward()
+        results.append([y.detach()] + [t.grad.clone() for t in (*ws, *bs)] + ([x.grad.clone()] if input_grad else []))
+        for t in (x, *ws, *bs):
+            t.grad = None
+    for a, b in zip(*results):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_the_stack_says_which_layer_does_not_fit() -> None:
+    from kernels.linear_act import linear_act_stack
+
+    ws, bs = _stack_params([75, 40, 10])
+    x = torch.randn(5, 75, device=DEVICE)
+    with pytest.raises(ValueError, match="layer 1: shapes"):
+        linear_act_stack(x, [ws[0], ws[0]], bs, ["relu", "identity"])
+    with pytest.raises(ValueError, match="layer 1: activation 'gelu'"):
+        linear_act_stack(x, ws, bs, ["relu", "gelu"])
+    with pytest.raises(ValueError, match="2 weights, 1 biases"):
+        linear_act_stack(x, ws, bs[:1], ["relu", "identity"])
+
+
+def test_under_a_dispatch_mode_the_stack_runs_the_ops_layer_by_layer(launches) -> None:
+    """A dispatch mode (FlopCounter, make_fx) must see the op of every layer."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernels.linear_act import linear_act_stack
+
+    class Seen(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func.name()))
+            return func(*args, **(kwargs or {}))
+
+    launches.reset_launch_state(mode="off")
+    ws, bs = _stack_params([75, 40, 10])
+    with Seen() as seen:
+        y = linear_act_stack(torch.randn(5, 75, device=DEVICE), ws, bs, ["relu", "identity"])
+    assert type(y.grad_fn).__name__ != "_EagerStackBackward"
+    assert seen.ops.count("loadbench::linear_act_fwd") == 2
