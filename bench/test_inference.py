@@ -53,7 +53,7 @@ CACHE_ENV = "LOADBENCH_MODEL_CACHE"
 RECORD_KEYS = (
     "latency_graph_s", "latency_eager_s", "latency_p99_s", "latency_mode", "latency_p99_by_round_s",
     "latency_calls", "throughput", "energy_j_per_1k", "accuracy", "macro_f1", "accuracy_drop",
-    "macro_f1_drop", "speedup", "speedup_batch", "reference", "compression", "notes", "unavailable",
+    "macro_f1_drop", "speedup", "speedup_batch", "reference", "compression", "routes", "notes", "unavailable",
 )  # fmt: skip
 
 

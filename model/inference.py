@@ -82,7 +82,8 @@ def measure(
     accuracy and macro-F1 of `model` run through `impl` ('torch' eager, 'compile'
     torch.compile, 'triton' our fused kernel). Keys: latency_graph_s, latency_eager_s
     ({p50, p99, max} seconds, or None), throughput ({"512": samples/s, ...}),
-    energy_j_per_1k, accuracy, macro_f1, notes, unavailable (metric -> reason).
+    energy_j_per_1k, accuracy, macro_f1, routes (triton: each batch size's forward
+    launches, `forward_routes`; else None), notes, unavailable (metric -> reason).
 
     `latency_timer` times the primary latency mode (the graph where there is one, else
     eager) instead of the own loop: the benchmark passes pytest-benchmark's pedantic
@@ -161,6 +162,7 @@ def measure(
         scorer = runners[max(batches)]
         predictions = scorer.predict(data.x_test.to(device))
     report = classification_report(data.y_test.to(device), predictions, data.n_classes)
+    routes = forward_routes((1, *batches)) if impl == "triton" else None
     notes.append(f"impl {impl}; throughput {'replayed from CUDA graphs' if use_graph else 'eager'}; "
                  f"accuracy from the batch-{max(batches)} callable that was timed")  # fmt: skip
     return {
@@ -174,6 +176,7 @@ def measure(
         "accuracy": report["accuracy"],
         "macro_f1": report["macro_f1"],
         "impl": impl,
+        "routes": routes,
         "notes": notes,
         "unavailable": unavailable,
     }
@@ -301,6 +304,21 @@ class Runner:
             self()
             out.append(self.out[:n].argmax(1).clone())
         return torch.cat(out)
+
+
+def forward_routes(batches: Sequence[int]) -> dict[str, list[str]]:
+    """For the fused kernel: each batch size's forward launches as 'M x N x K: route
+    (source)', e.g. '1x512x512: gemv 1x16x128 w4 (tuned)', from the process's launch
+    report (a shape served earlier in the process is listed too)."""
+    from kernels.launches import launch_report  # lazily: kernels/ needs triton
+
+    out: dict[str, list[str]] = {}
+    for entry in launch_report():
+        m, n, k = entry["shape"]
+        if entry["kernel"] == "fwd" and m in batches:
+            line = f"{m}x{n}x{k}: {entry['route']} ({entry['source']})"
+            out.setdefault(str(m), []).append(line)
+    return {b: sorted(set(lines)) for b, lines in sorted(out.items(), key=lambda kv: int(kv[0]))}
 
 
 def nvml_energy(device: torch.device) -> tuple[Callable[[], float | None] | None, str | None]:

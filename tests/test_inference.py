@@ -133,6 +133,35 @@ def test_measure_bad_arguments(data, kwargs, match):
         measure(MLP(75, 32, 2, 10), data, CPU, **kwargs)
 
 
+def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path):
+    """The fused kernel's serving record names each batch size's forward launches,
+    here the gemv route planted for batch 1 (on the interpreter); the same accuracy."""
+    import dataclasses
+
+    from kernels import launch_plan
+    from kernels import launches
+
+    monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path))
+    gemv = launch_plan.LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
+    prec, f32 = launch_plan._precision(torch.float32), torch.float32
+    configs = {
+        launch_plan.shape_key("fwd", 1, n, k, f32, prec, cls): dataclasses.asdict(gemv)
+        for n, k, cls in ((32, 75, "pointwise"), (32, 32, "pointwise"), (10, 32, "identity"))
+    }
+    launches.reset_launch_state(mode="off", tables={"cpu": {"key_format": launch_plan.KEY_FORMAT, "configs": configs}})
+    try:
+        model = MLP(75, 32, 2, 10).eval()
+        result = measure(model, data, CPU, impl="triton", latency_calls=3, batches=(64,), clock=stepping_clock(0.1))
+    finally:
+        launches.reset_launch_state()
+    assert result["routes"]["1"] == [
+        "1x10x32: gemv 1x16x16 w4 (table)", "1x32x32: gemv 1x16x16 w4 (table)", "1x32x75: gemv 1x16x16 w4 (table)"
+    ]
+    assert all("gemv" not in line for line in result["routes"]["64"])
+    assert result["accuracy"] == pytest.approx(float((model(data.x_test).argmax(1) == data.y_test).float().mean()))
+    assert measure(model, data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1))["routes"] is None
+
+
 def test_triton_impl_refuses_quantized_weights(data):
     class Fake(torch.nn.Module):
         def __init__(self):
