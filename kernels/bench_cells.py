@@ -20,7 +20,8 @@ of this checkout pays.
 Phase 2, cells: bench/test_kernels.py's measurement (the bench imports it from here):
 one forward + backward of the MLP (3 hidden blocks, head, loss gradient) per batch x
 width x precision with leaky_relu, and every activation at 512 x 512, timed for eager
-torch, torch.compile and our kernels, eagerly (do_bench) and replayed from CUDA graphs
+torch, torch.compile and our kernels, eagerly (do_bench, in EAGER_ROUNDS rounds taking
+the implementations in turn, the median round each) and replayed from CUDA graphs
 (do_bench_cudagraph). A cell the tuning phase did not cover tunes on its untimed
 warm-up step. A failing baseline (torch.compile on one cell, say) is recorded and the
 cell goes on without it. The cells the issue names as losing come first, so a time
@@ -39,6 +40,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -66,6 +68,7 @@ ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 PRECISIONS = ("fp32", "bf16")
 CENTRE = (512, 512)  # the study's optimal batch x width, what every experiment varies around
 LOSING = 0.95  # a cell whose speedup over the best baseline is below this loses
+EAGER_ROUNDS = 5  # eager timings: rounds taking the implementations in turn, median per implementation
 # Named in the issue as losing on an H100: measured first, so a time limit cuts others.
 PRIORITY = [("fp32", 64, 2048, "leaky_relu"), ("bf16", 512, 512, "silu"), ("fp32", 512, 512, "silu")] + [
     (p, b, 2048, "leaky_relu") for p in PRECISIONS for b in BATCHES
@@ -217,20 +220,43 @@ def measure_cell(
             finally:
                 cell.tuning_s += launches.tuning_seconds() - tuned_before
             cell.steps[name] = step
-            for graph in (False, True):
-                key = f"{name}_{'graph' if graph else 'eager'}_ms"
-                if graph and not cell.cuda:
-                    cell.times_ms[key] = None  # no graphs on a CPU
-                    continue
-                try:
-                    cell.times_ms[key] = float(time_ms(step, device, graph, rep))
-                except Exception as exc:
-                    if name == "triton":
-                        raise
-                    cell.errors[key] = _error(exc)
-                    cell.times_ms[key] = None
+            key = f"{name}_graph_ms"
+            if not cell.cuda:
+                cell.times_ms[key] = None  # no graphs on a CPU
+                continue
+            try:
+                cell.times_ms[key] = float(time_ms(step, device, True, rep))
+            except Exception as exc:
+                if name == "triton":
+                    raise
+                cell.errors[key] = _error(exc)
+                cell.times_ms[key] = None
+        _time_eager_interleaved(cell, device, rep)
     cell.tiles = cell_tiles(batch, width, torch.bfloat16 if precision == "bf16" else torch.float32)
     return cell
+
+
+def _time_eager_interleaved(cell: CellResult, device: torch.device, rep: int) -> None:
+    """Eager times, in rounds that take every implementation in turn, the median round
+    per implementation: an eager step is bound by the host, whose speed drifts (other
+    tenants, clocks) by more than the gaps measured, so implementations timed one after
+    another would compare moments as much as code."""
+    rounds = EAGER_ROUNDS if cell.cuda else 1
+    samples: dict[str, list[float]] = {name: [] for name in cell.steps}
+    failed: set[str] = set()
+    for _ in range(rounds):
+        for name, step in cell.steps.items():
+            if name in failed:
+                continue
+            try:
+                samples[name].append(float(time_ms(step, device, False, max(1, rep // rounds))))
+            except Exception as exc:
+                if name == "triton":
+                    raise
+                cell.errors[f"{name}_eager_ms"] = _error(exc)
+                failed.add(name)
+    for name, values in samples.items():
+        cell.times_ms[f"{name}_eager_ms"] = None if name in failed else statistics.median(values)
 
 
 # ------------------------------------------------------------------------- the CLI

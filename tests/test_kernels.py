@@ -585,9 +585,10 @@ def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_pat
         plan.shape_key("fwd", m, n, k, f32, prec, cls): {"config": dataclasses.asdict(CUBLAS), "ms": 0.01},
         plan.shape_key("dw", n, k, m, f32, prec, cls): {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},
     }
-    write_table(str(tmp_path / "table.json"), "cpu", entries)
+    model = torch.cuda.get_device_name() if CUDA else "cpu"  # the table's key: this device's model
+    write_table(str(tmp_path / "table.json"), model, entries)
     written = json.loads((tmp_path / "table.json").read_text())
-    assert written["cpu"]["key_format"] == plan.KEY_FORMAT
+    assert written[model]["key_format"] == plan.KEY_FORMAT
     launches.reset_launch_state(mode="off", tables=written)
     check_against_float64(m, k, n, "silu", f32)
     got = {e["kernel"]: (e["source"], e["route"]) for e in launches.launch_report()}
