@@ -630,7 +630,10 @@ def linear_act_stack(
     stack is one autograd node (one Function call and one backward node instead of one
     per layer). Under capture each layer keeps its own node, so gradient hooks (the
     data-parallel graph loop's bucketed all-reduces) fire layer by layer, as they do
-    under torch.compile, which always sees the per-layer ops."""
+    under torch.compile, which always sees the per-layer ops. Without gradients, a
+    forward of at most 16 rows (serving) is one launch for all layers, eagerly and
+    under capture (kernels/mlp_forward.py); its sums run in another order than the
+    layer kernels', so its bits may differ from theirs in the last places."""
     if not (len(weights) == len(biases) == len(activations) > 0):
         raise ValueError(f"linear_act_stack: {len(weights)} weights, {len(biases)} biases, {len(activations)} activations")
     codes = []
@@ -639,7 +642,7 @@ def linear_act_stack(
         if code is None:
             raise ValueError(f"layer {i}: activation {name!r}: expected one of {', '.join(ACTIVATIONS)}")
         codes.append(code)
-    if not _eager(x, *weights, *biases) or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not _eager(x, *weights, *biases):
         for w, b, name in zip(weights, biases, activations):
             x = linear_act(x, w, b, name)
         return x
@@ -651,4 +654,16 @@ def linear_act_stack(
         width = w.shape[0]
     if torch.is_autocast_enabled(x.device.type):
         x = _autocast_input(x)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights, *biases))
+    if not grad:
+        from kernels import mlp_forward  # lazily: it imports this module
+
+        if mlp_forward.usable(x, weights, biases):
+            y = mlp_forward.fused_forward(x, weights, biases, codes)
+            if y is not None:
+                return y
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        for w, b, name in zip(weights, biases, activations):
+            x = linear_act(x, w, b, name)
+        return x
     return _EagerStack.apply(x, tuple(codes), *weights, *biases)

@@ -307,17 +307,23 @@ class Runner:
 
 
 def forward_routes(batches: Sequence[int]) -> dict[str, list[str]]:
-    """For the fused kernel: each batch size's forward launches as 'M x N x K: route
-    (source)', e.g. '1x512x512: gemv 1x16x128 w4 (tuned)', from the process's launch
-    report (a shape served earlier in the process is listed too)."""
-    from kernels.launches import launch_report  # lazily: kernels/ needs triton
+    """For the fused kernel: each batch size's forward launches, from the process's
+    launch reports (a shape served earlier in the process is listed too): per layer
+    'M x N x K: route (source)', e.g. '512x512x512: triton (table)', and for a forward
+    of a few rows in one launch 'one launch, 4 layers: 128 programs, tile 1x4x512'."""
+    from kernels import mlp_forward  # lazily: kernels/ needs triton
+    from kernels.launches import launch_report
 
     out: dict[str, list[str]] = {}
     for entry in launch_report():
         m, n, k = entry["shape"]
         if entry["kernel"] == "fwd" and m in batches:
-            line = f"{m}x{n}x{k}: {entry['route']} ({entry['source']})"
-            out.setdefault(str(m), []).append(line)
+            out.setdefault(str(m), []).append(f"{m}x{n}x{k}: {entry['route']} ({entry['source']})")
+    for (rows, widths, _dtype), launch in mlp_forward.LAUNCHES.items():
+        if rows in batches:
+            programs = f"{launch['programs']} program{'s' if launch['programs'] != 1 else ''}"
+            line = f"one launch, {len(widths) - 1} layers: {programs}, tile {launch['tile']}"
+            out.setdefault(str(rows), []).append(line)
     return {b: sorted(set(lines)) for b, lines in sorted(out.items(), key=lambda kv: int(kv[0]))}
 
 

@@ -133,15 +133,20 @@ def test_measure_bad_arguments(data, kwargs, match):
         measure(MLP(75, 32, 2, 10), data, CPU, **kwargs)
 
 
-def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path):
-    """The fused kernel's serving record names each batch size's forward launches,
-    here the gemv route planted for batch 1 (on the interpreter); the same accuracy."""
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "layer-by-layer"])
+def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path, fused):
+    """The fused kernel's serving record names each batch size's forward launches: at
+    batch 1 the whole forward in one launch, or (switched off) the gemv route planted for
+    each layer, on the interpreter; the same accuracy either way."""
     import dataclasses
 
     from kernels import launch_plan
     from kernels import launches
+    from kernels import mlp_forward
 
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(mlp_forward, "ENABLED", fused)
+    monkeypatch.setattr(mlp_forward, "LAUNCHES", {})
     gemv = launch_plan.LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
     prec, f32 = launch_plan._precision(torch.float32), torch.float32
     configs = {
@@ -154,10 +159,13 @@ def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path)
         result = measure(model, data, CPU, impl="triton", latency_calls=3, batches=(64,), clock=stepping_clock(0.1))
     finally:
         launches.reset_launch_state()
-    assert result["routes"]["1"] == [
-        "1x10x32: gemv 1x16x16 w4 (table)", "1x32x32: gemv 1x16x16 w4 (table)", "1x32x75: gemv 1x16x16 w4 (table)"
-    ]
-    assert all("gemv" not in line for line in result["routes"]["64"])
+    if fused:
+        assert result["routes"]["1"] == ["one launch, 3 layers: 1 program, tile 1x32x128"]
+    else:
+        assert result["routes"]["1"] == [
+            "1x10x32: gemv 1x16x16 w4 (table)", "1x32x32: gemv 1x16x16 w4 (table)", "1x32x75: gemv 1x16x16 w4 (table)"
+        ]
+    assert result["routes"]["64"] and all("gemv" not in line and "one launch" not in line for line in result["routes"]["64"])
     assert result["accuracy"] == pytest.approx(float((model(data.x_test).argmax(1) == data.y_test).float().mean()))
     assert measure(model, data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1))["routes"] is None
 

@@ -1,0 +1,151 @@
+"""kernels/mlp_forward.py: the whole few-row forward in one launch. On a CPU through
+Triton's interpreter (one program, so the grid barriers pass at once); on a GPU with a
+program per SM, from a CUDA graph too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import mlp_forward
+from kernels.linear_act import linear_act_stack
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+REFERENCE = {
+    "identity": lambda z: z,
+    "relu": F.relu,
+    "leaky_relu": lambda z: F.leaky_relu(z, 0.01),
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+}
+
+
+def network(widths, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    ws = [(torch.randn(o, i, generator=g) / i**0.5).to(DEVICE, dtype) for i, o in zip(widths, widths[1:])]
+    bs = [(torch.randn(o, generator=g) / 4).to(DEVICE, dtype) for o in widths[1:]]
+    return ws, bs
+
+
+def exact(x, ws, bs, acts):
+    """float64 through the layers, W and X rounded to X's dtype first, as the kernel does."""
+    h = x.double()
+    for w, b, a in zip(ws, bs, acts):
+        h = REFERENCE[a](h @ w.to(x.dtype).double().T + b.double())
+    return h
+
+
+@pytest.mark.parametrize(("widths", "rows", "acts"), [
+    ([75, 32, 24, 10], 1, ["relu", "silu", "identity"]),
+    ([75, 130, 10], 3, ["leaky_relu", "identity"]),  # strips and reduction steps left partial
+    ([20, 16, 16, 16, 16, 16, 7], 16, ["tanh"] * 5 + ["identity"]),  # six layers, sixteen rows
+    ([75, 10], 2, ["sigmoid"]),  # one layer: no barrier
+], ids=["batch-1", "partial-tiles", "six-layers", "one-layer"])  # fmt: skip
+def test_one_launch_matches_float64(widths, rows, acts) -> None:
+    ws, bs = network(widths)
+    x = torch.randn(rows, widths[0], generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    mlp_forward.LAUNCHES.clear()
+    with torch.no_grad():
+        y = linear_act_stack(x, ws, bs, acts)
+    assert y.shape == (rows, widths[-1]) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), exact(x, ws, bs, acts), rtol=1e-5, atol=1e-5)
+    assert list(mlp_forward.LAUNCHES) == [(rows, tuple(widths), "float32")]
+
+
+def test_under_autocast_x_is_cast_and_w_rounded_to_its_dtype() -> None:
+    """fp16 on a CPU (the interpreter has no bf16 dot elsewhere; kept alike), bf16 on a GPU."""
+    low = torch.bfloat16 if CUDA else torch.float16
+    ws, bs = network([75, 64, 10])
+    x = torch.randn(1, 75, device=DEVICE)
+    with torch.no_grad(), torch.autocast(DEVICE, low):
+        y = linear_act_stack(x, ws, bs, ["relu", "identity"])
+    assert y.dtype == low
+    torch.testing.assert_close(y.double(), exact(x.to(low), ws, bs, ["relu", "identity"]), rtol=2e-2, atol=2e-2)
+
+
+def test_with_gradients_wanted_the_stack_keeps_its_autograd_node() -> None:
+    ws, bs = network([75, 32, 10])
+    for t in (*ws, *bs):
+        t.requires_grad_()
+    mlp_forward.LAUNCHES.clear()
+    y = linear_act_stack(torch.randn(1, 75, device=DEVICE), ws, bs, ["relu", "identity"])
+    assert type(y.grad_fn).__name__ == "_EagerStackBackward" and not mlp_forward.LAUNCHES
+    with torch.no_grad():  # the same parameters, inference: one launch
+        linear_act_stack(torch.randn(1, 75, device=DEVICE), ws, bs, ["relu", "identity"])
+    assert len(mlp_forward.LAUNCHES) == 1
+
+
+def test_what_it_does_not_take() -> None:
+    ws, bs = network([75, 32, 10])
+    x = torch.randn(1, 75, device=DEVICE)
+    assert mlp_forward.usable(x, ws, bs)
+    assert not mlp_forward.usable(torch.randn(17, 75, device=DEVICE), ws, bs)  # more than MAX_ROWS
+    assert not mlp_forward.usable(x, ws * 4, bs * 4)  # more than MAX_LAYERS
+    assert not mlp_forward.usable(x, [ws[0].t().contiguous().t(), ws[1]], bs)  # a transposed view
+    assert not mlp_forward.usable(x, [ws[0].to(torch.float64), ws[1]], bs)
+
+
+@pytest.mark.parametrize(("rows", "widths", "sms"), [(1, [75, 512, 512, 512, 10], 132), (1, [75, 2048, 2048, 10], 132),
+                                                     (16, [75, 512, 10], 132), (3, [75, 128, 10], 1)])  # fmt: skip
+def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms) -> None:
+    programs, bm, bn, bk = mlp_forward.tile(rows, widths, sms)
+    assert 1 <= programs <= sms and bm >= rows and bm * bn * bk <= mlp_forward.MAX_TILE
+    assert programs * bn >= max(widths[1:]) or programs == sms  # every program has a strip of the widest layer
+    assert all(v & (v - 1) == 0 for v in (bm, bn, bk))
+
+
+def test_the_switch_is_checked() -> None:
+    assert mlp_forward.enabled_from_env(None) and not mlp_forward.enabled_from_env("0")
+    with pytest.raises(ValueError, match="LOADBENCH_FUSED_FORWARD='off'"):
+        mlp_forward.enabled_from_env("off")
+
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("widths", [[75, 512, 512, 512, 10], [75, 2048, 2048, 2048, 2048, 2048, 10]], ids=["optimal", "widest-deepest"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_the_gpu_every_program_waits_for_the_layer(widths, dtype) -> None:
+    """A program per SM, barriers between layers; the counter is back at 0 after each
+    launch, and a CUDA graph replaying the launch 200 times gives the eager bits."""
+    ws, bs = network(widths, dtype=dtype)
+    acts = ["silu"] * (len(ws) - 1) + ["identity"]
+    x = torch.randn(1, widths[0], device="cuda").to(dtype)
+    with torch.no_grad():
+        y = linear_act_stack(x, ws, bs, acts)
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(y.double(), exact(x, ws, bs, acts), rtol=tol, atol=tol)
+        assert int(mlp_forward._COUNTERS[torch.cuda.current_device()].abs().sum()) == 0
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = linear_act_stack(x, ws, bs, acts)
+        for _ in range(200):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, y)
+        assert int(mlp_forward._COUNTERS[torch.cuda.current_device()].abs().sum()) == 0
+    programs = mlp_forward.LAUNCHES[(1, tuple(widths), str(dtype).removeprefix("torch."))]["programs"]
+    assert programs > 1
+
+
+@gpu
+@needs_gpu
+def test_a_first_call_during_capture_launches_layer_by_layer(monkeypatch) -> None:
+    monkeypatch.setattr(mlp_forward, "_COUNTERS", {})
+    ws, bs = network([75, 64, 10])
+    x = torch.randn(1, 75, device="cuda")
+    mlp_forward.LAUNCHES.clear()
+    with torch.no_grad():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = linear_act_stack(x, ws, bs, ["relu", "identity"])
+        graph.replay()
+        torch.cuda.synchronize()
+    assert not mlp_forward.LAUNCHES and not mlp_forward._COUNTERS
+    torch.testing.assert_close(out.double(), exact(x, ws, bs, ["relu", "identity"]), rtol=1e-4, atol=1e-4)
