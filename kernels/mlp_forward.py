@@ -30,6 +30,7 @@ Written by hand: Triton has no grid-wide barrier, torch no fused whole-network G
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from kernels.linear_act import _activation
 MAX_LAYERS = 6  # the study's deepest MLP: 5 hidden blocks and the head
 MAX_ROWS = 16
 MAX_TILE = 4096  # rows x columns x reduction step of one program's product, in registers
+FIT_TILE = 8192  # the same where a layer's whole strip is held (and prefetched) at once
 COUNTER_SLOTS = 64
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -89,6 +91,34 @@ def _layer(
 
 
 @triton.jit
+def _w_tile(w_ptr, N, K, pid, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's strip of W whole (the layer fits one strip and one reduction step)."""
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _layer_from_tile(
+    src, w, b_ptr, dst, M, N, K, slope, pid,
+    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`_layer` for a layer that fits: W's tile already in registers."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a = tl.load(
+        src + offs_m[:, None] * K + offs_k[None, :],
+        mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0, cache_modifier=".cg",
+    ).to(tl.float32)  # fmt: skip
+    acc = tl.sum(a[:, None, :] * w.to(src.dtype.element_ty).to(tl.float32)[None, :, :], axis=2)
+    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    y = _activation(z, ACTIVATION, slope)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(dst + offs_m[:, None] * N + offs_n[None, :], y.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _grid_sync(counter, target):
     """Wait until `target` arrivals, this program's included, have reached `counter`."""
     tl.debug_barrier()  # every warp's stores of the layer are issued before the arrival
@@ -100,64 +130,98 @@ def _grid_sync(counter, target):
 
 
 @triton.jit
+def _step(
+    src, w_ptr, b_ptr, dst, M, N, K, slope, pid, programs, counter, target,
+    SYNC: tl.constexpr, FITS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One layer, after the barrier on the previous one (SYNC). Where every layer fits
+    one strip and one reduction step (FITS), the strip of W is loaded before waiting:
+    weights do not depend on the previous layer, so their DRAM latency overlaps the wait."""
+    if FITS:
+        w = _w_tile(w_ptr, N, K, pid, BLOCK_N, BLOCK_K)
+        if SYNC:
+            _grid_sync(counter, target)
+        _layer_from_tile(src, w, b_ptr, dst, M, N, K, slope, pid, ACTIVATION, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        if SYNC:
+            _grid_sync(counter, target)
+        _layer(src, w_ptr, b_ptr, dst, M, N, K, slope, pid, programs, ACTIVATION, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
 def _mlp_forward_kernel(
     x_ptr, y_ptr, scratch, counter,
     w0, b0, w1, b1, w2, b2, w3, b3, w4, b4, w5, b5,
     M, K0, N0, N1, N2, N3, N4, N5, row, slope,
     LAYERS: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr,
-    A4: tl.constexpr, A5: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A4: tl.constexpr, A5: tl.constexpr, FITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """Layer i reads scratch row i - 1 (X for i = 0) and writes scratch row i (Y for the
-    last); `row` elements apart. A barrier between layers, the counter reset at the end."""
+    last), rows `row` elements apart; a barrier before every layer but the first, the
+    counter put back at the end."""
     pid = tl.program_id(0)
-    programs = tl.num_programs(0)
+    P = tl.num_programs(0)
     if LAYERS == 1:
-        _layer(x_ptr, w0, b0, y_ptr, M, N0, K0, slope, pid, programs, A0, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(x_ptr, w0, b0, y_ptr, M, N0, K0, slope, pid, P, counter, 0, False, FITS, A0, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
-        _layer(x_ptr, w0, b0, scratch, M, N0, K0, slope, pid, programs, A0, BLOCK_M, BLOCK_N, BLOCK_K)
-        _grid_sync(counter, programs)
-        if LAYERS == 2:
-            _layer(scratch, w1, b1, y_ptr, M, N1, N0, slope, pid, programs, A1, BLOCK_M, BLOCK_N, BLOCK_K)
-        else:
-            _layer(scratch, w1, b1, scratch + row, M, N1, N0, slope, pid, programs, A1, BLOCK_M, BLOCK_N, BLOCK_K)
-            _grid_sync(counter, 2 * programs)
-            if LAYERS == 3:
-                _layer(scratch + row, w2, b2, y_ptr, M, N2, N1, slope, pid, programs, A2, BLOCK_M, BLOCK_N, BLOCK_K)
-            else:
-                _layer(scratch + row, w2, b2, scratch + 2 * row, M, N2, N1, slope, pid, programs, A2, BLOCK_M, BLOCK_N, BLOCK_K)
-                _grid_sync(counter, 3 * programs)
-                if LAYERS == 4:
-                    _layer(scratch + 2 * row, w3, b3, y_ptr, M, N3, N2, slope, pid, programs, A3, BLOCK_M, BLOCK_N, BLOCK_K)
-                else:
-                    _layer(scratch + 2 * row, w3, b3, scratch + 3 * row, M, N3, N2, slope, pid, programs, A3, BLOCK_M, BLOCK_N, BLOCK_K)
-                    _grid_sync(counter, 4 * programs)
-                    if LAYERS == 5:
-                        _layer(scratch + 3 * row, w4, b4, y_ptr, M, N4, N3, slope, pid, programs, A4, BLOCK_M, BLOCK_N, BLOCK_K)
-                    else:
-                        _layer(scratch + 3 * row, w4, b4, scratch + 4 * row, M, N4, N3, slope, pid, programs, A4, BLOCK_M, BLOCK_N, BLOCK_K)
-                        _grid_sync(counter, 5 * programs)
-                        _layer(scratch + 4 * row, w5, b5, y_ptr, M, N5, N4, slope, pid, programs, A5, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(x_ptr, w0, b0, scratch, M, N0, K0, slope, pid, P, counter, 0, False, FITS, A0, BLOCK_M, BLOCK_N, BLOCK_K)
+    if LAYERS == 2:
+        _step(scratch, w1, b1, y_ptr, M, N1, N0, slope, pid, P, counter, P, True, FITS, A1, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif LAYERS > 2:
+        _step(scratch, w1, b1, scratch + row, M, N1, N0, slope, pid, P, counter, P, True, FITS, A1, BLOCK_M, BLOCK_N, BLOCK_K)
+    if LAYERS == 3:
+        _step(scratch + row, w2, b2, y_ptr, M, N2, N1, slope, pid, P, counter, 2 * P, True, FITS, A2, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif LAYERS > 3:
+        _step(scratch + row, w2, b2, scratch + 2 * row, M, N2, N1, slope, pid, P, counter, 2 * P, True, FITS, A2, BLOCK_M, BLOCK_N, BLOCK_K)
+    if LAYERS == 4:
+        _step(scratch + 2 * row, w3, b3, y_ptr, M, N3, N2, slope, pid, P, counter, 3 * P, True, FITS, A3, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif LAYERS > 4:
+        _step(scratch + 2 * row, w3, b3, scratch + 3 * row, M, N3, N2, slope, pid, P, counter, 3 * P, True, FITS, A3, BLOCK_M, BLOCK_N, BLOCK_K)
+    if LAYERS == 5:
+        _step(scratch + 3 * row, w4, b4, y_ptr, M, N4, N3, slope, pid, P, counter, 4 * P, True, FITS, A4, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif LAYERS > 5:
+        _step(scratch + 3 * row, w4, b4, scratch + 4 * row, M, N4, N3, slope, pid, P, counter, 4 * P, True, FITS, A4, BLOCK_M, BLOCK_N, BLOCK_K)
+    if LAYERS == 6:
+        _step(scratch + 4 * row, w5, b5, y_ptr, M, N5, N4, slope, pid, P, counter, 5 * P, True, FITS, A5, BLOCK_M, BLOCK_N, BLOCK_K)
     # Every program arrives once more; the last one, which all others have passed every
     # barrier before, puts the counter back for the next launch.
     tl.debug_barrier()
     arrived = tl.atomic_add(counter, 1, sem="acq_rel")
-    if arrived == LAYERS * programs - 1:
+    if arrived == LAYERS * P - 1:
         tl.atomic_xchg(counter, 0)
 
 
 # ---------------------------------------------------------------------- launch
 
 
-def tile(rows: int, widths: list[int], programs_max: int) -> tuple[int, int, int, int]:
-    """(programs, BLOCK_M, BLOCK_N, BLOCK_K) for a forward of `rows` rows through layers
-    of widths [K, N_0, ..., N_{L-1}]: strips narrow enough that the widest layer has a
-    strip for each of up to `programs_max` programs, a reduction step filling MAX_TILE."""
+@dataclass(frozen=True)
+class Tile:
+    programs: int
+    block_m: int
+    block_n: int
+    block_k: int
+    fits: bool  # every layer is one strip and one reduction step per program: W prefetched
+
+    def describe(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}{'' if self.fits else ' looped'}"
+
+
+def tile(rows: int, widths: list[int], programs_max: int) -> Tile:
+    """The launch for a forward of `rows` rows through layers of widths [K, N_0, ...,
+    N_{L-1}]: strips narrow enough that the widest layer has one for each of up to
+    `programs_max` programs; the whole reduction in one step where the product tile
+    stays within FIT_TILE (then each program's W strip is loaded before the barrier),
+    else a step filling MAX_TILE."""
     block_m = triton.next_power_of_2(rows)
-    widest, deepest = max(widths[1:]), max(widths[:-1])
+    widest, deepest = max(widths[1:]), triton.next_power_of_2(max(widths[:-1]))
     block_n = max(2, min(64, triton.next_power_of_2(triton.cdiv(widest, programs_max))))
-    block_k = max(16, min(triton.next_power_of_2(deepest), MAX_TILE // (block_m * block_n)))
     programs = max(1, min(programs_max, triton.cdiv(widest, block_n)))
-    return programs, block_m, block_n, block_k
+    if block_m * block_n * max(16, deepest) <= FIT_TILE and programs * block_n >= widest:
+        return Tile(programs, block_m, block_n, max(16, deepest), True)
+    block_k = max(16, min(deepest, MAX_TILE // (block_m * block_n)))
+    return Tile(programs, block_m, block_n, block_k, False)
 
 
 def _counter(device: torch.device) -> torch.Tensor | None:
@@ -206,7 +270,7 @@ def fused_forward(
         return None
     rows, layers = x.shape[0], len(weights)
     widths = [x.shape[1]] + [w.shape[0] for w in weights]
-    programs, block_m, block_n, block_k = tile(rows, widths, _programs_max(x.device))
+    plan = tile(rows, widths, _programs_max(x.device))
     row = rows * max(widths[1:-1], default=1)
     scratch = torch.empty(max(1, layers - 1) * row, device=x.device, dtype=x.dtype)
     y = torch.empty((rows, widths[-1]), device=x.device, dtype=x.dtype)
@@ -215,12 +279,13 @@ def fused_forward(
     sizes = widths[1:] + [1] * pad
     acts = list(activations) + [0] * pad
     direct_launch.launch(
-        _mlp_forward_kernel, (programs,),
+        _mlp_forward_kernel, (plan.programs,),
         x, y, scratch, counter, *params, rows, widths[0], *sizes, row, LEAKY_SLOPE,
         LAYERS=layers, A0=acts[0], A1=acts[1], A2=acts[2], A3=acts[3], A4=acts[4], A5=acts[5],
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        FITS=plan.fits, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        num_warps=4 if plan.block_m * plan.block_n * plan.block_k <= MAX_TILE else 8,
     )  # fmt: skip
     LAUNCHES[(rows, tuple(widths), str(x.dtype).removeprefix("torch."))] = {
-        "programs": programs, "tile": f"{block_m}x{block_n}x{block_k}",
+        "programs": plan.programs, "tile": plan.describe(),
     }  # fmt: skip
     return y

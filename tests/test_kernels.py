@@ -510,8 +510,9 @@ def test_autocast_hands_the_kernels_fp32_master_weights(launches, routes) -> Non
 
 def test_launch_report_names_every_kernel_shape_and_source(launches) -> None:
     torch.manual_seed(1)
-    model = MLP(75, 32, 2, 10, "relu", impl="triton")
-    x = torch.randn(20, 75)
+    launches.reset_launch_state(mode="off")  # the heuristic everywhere: no tuning on a GPU
+    model = MLP(75, 32, 2, 10, "relu", impl="triton").to(DEVICE)
+    x = torch.randn(20, 75, device=DEVICE)
     model(x).sum().backward()
     report = launches.launch_report()
     seen = {(e["kernel"], tuple(e["shape"])) for e in report}
@@ -519,7 +520,7 @@ def test_launch_report_names_every_kernel_shape_and_source(launches) -> None:
     assert seen == {("fwd", s) for s in layers} | {("dw", s) for s in layers} | {("dx", s) for s in layers[1:]}
     for e in report:  # the first layer's input needs no gradient: no dx for it
         assert e["source"] == "heuristic" and e["route"] == "triton" and e["dtype"] == "float32"
-        assert LaunchConfig.from_dict(e["config"]) == launch_config(e["kernel"], *_out(e), torch.float32, "cpu")
+        assert LaunchConfig.from_dict(e["config"]) == launch_config(e["kernel"], *_out(e), torch.float32, DEVICE)
 
 
 def _out(entry) -> tuple[int, int, int]:

@@ -88,13 +88,18 @@ def test_what_it_does_not_take() -> None:
     assert not mlp_forward.usable(x, [ws[0].to(torch.float64), ws[1]], bs)
 
 
-@pytest.mark.parametrize(("rows", "widths", "sms"), [(1, [75, 512, 512, 512, 10], 132), (1, [75, 2048, 2048, 10], 132),
-                                                     (16, [75, 512, 10], 132), (3, [75, 128, 10], 1)])  # fmt: skip
-def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms) -> None:
-    programs, bm, bn, bk = mlp_forward.tile(rows, widths, sms)
-    assert 1 <= programs <= sms and bm >= rows and bm * bn * bk <= mlp_forward.MAX_TILE
-    assert programs * bn >= max(widths[1:]) or programs == sms  # every program has a strip of the widest layer
-    assert all(v & (v - 1) == 0 for v in (bm, bn, bk))
+@pytest.mark.parametrize(("rows", "widths", "sms", "fits"), [
+    (1, [75, 512, 512, 512, 10], 132, True), (1, [75, 1024, 1024, 10], 132, True),
+    (1, [75, 2048, 2048, 10], 132, False), (16, [75, 512, 10], 132, False), (3, [75, 128, 10], 1, False),
+])  # fmt: skip
+def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms, fits) -> None:
+    plan = mlp_forward.tile(rows, widths, sms)
+    size = plan.block_m * plan.block_n * plan.block_k
+    assert 1 <= plan.programs <= sms and plan.block_m >= rows and plan.fits is fits
+    assert size <= (mlp_forward.FIT_TILE if fits else mlp_forward.MAX_TILE)
+    assert plan.programs * plan.block_n >= max(widths[1:]) or plan.programs == sms  # a strip of the widest layer each
+    assert not fits or plan.block_k >= max(widths[:-1])  # fitting: the whole reduction in one step
+    assert all(v & (v - 1) == 0 for v in (plan.block_m, plan.block_n, plan.block_k))
 
 
 def test_the_switch_is_checked() -> None:
