@@ -56,7 +56,9 @@ inside CUDA-graph capture and, with TRITON_INTERPRET=1, on CPU tensors. An eager
 round trip: an autograd.Function runs the same launch code (on a 2-core CPU, with the
 launches stubbed out, about 40 us less per layer forward + backward), so the results
 are the same bits; its launches skip Triton's per-call binding after the first of each
-launch signature (kernels/direct_launch.py).
+launch signature (kernels/direct_launch.py). `linear_act_stack` (what the MLP calls)
+runs a whole stack of layers as one such Function, and a gradient-free forward of a few
+rows in one launch (kernels/mlp_forward.py).
 
 The structure follows Triton's matrix-multiplication tutorial (grouped program order,
 masked loads); the fused prologue, the bias-gradient reduction, split-K and the op
