@@ -305,6 +305,19 @@ def test_inference_checks_pass_and_fail_with_one_record_each():
     assert [f.metric for f in check_inference(InferenceBudget(0.01, 30, 3e6), unmeasured)] == ["accuracy_drop_vs_fp32"]
 
 
+def test_the_p99_ceiling_judges_the_median_round_so_one_stalled_round_does_not_fail():
+    """A host stall fills one round's tail (and the p99 of all calls); a slower forward
+    moves every round. Without rounds the p99 of all calls is judged."""
+    stalled = {**RECORD, "latency_p99_s": 290e-6, "latency_p99_by_round_s": [30e-6, 31e-6, 300e-6, 29e-6, 30e-6]}
+    assert check_inference(InferenceBudget(None, 60, None), stalled) == []
+    slower = {**stalled, "latency_p99_by_round_s": [70e-6, 72e-6, 300e-6, 69e-6, 71e-6]}
+    (failure,) = check_inference(InferenceBudget(None, 60, None), slower)
+    assert failure.value == pytest.approx(71.0) and "median of 5 rounds' p99" in failure.message
+    assert [f.metric for f in check_inference(InferenceBudget(None, 60, None), {**RECORD, "latency_p99_s": 61e-6})] == [
+        "latency_p99_us"
+    ]
+
+
 def latency_record(p99_us: float, spread: float = 0.0) -> dict:
     rounds = [p99_us * 1e-6 * (1 + spread * k) for k in (-2, -1, 0, 1, 2)]
     return {"latency_p99_s": p99_us * 1e-6, "latency_mode": "graph", "latency_p99_by_round_s": rounds}

@@ -31,6 +31,7 @@ of the wrong type.
 from __future__ import annotations
 
 import difflib
+import statistics
 import sys
 from dataclasses import dataclass
 from dataclasses import fields
@@ -297,6 +298,17 @@ def check_ceilings(budget: Budget, record: dict[str, Any]) -> list[Failure]:
     return out
 
 
+def judged_p99(record: dict[str, Any]) -> tuple[float | None, str]:
+    """The p99 a ceiling judges, and what it is: the median of the rounds' p99s where
+    the record has them, else the p99 of all calls. A host stall (another tenant, a
+    collector) can fill one round's tail, and the p99 of all calls with it, while the
+    code's latency is unchanged; a slower forward moves every round."""
+    rounds = [r for r in (record.get("latency_p99_by_round_s") or []) if r is not None]
+    if rounds:
+        return statistics.median(rounds), f"p99 (median of {len(rounds)} rounds' p99)"
+    return record.get("latency_p99_s"), "p99"
+
+
 def check_inference(budget: InferenceBudget, record: dict[str, Any]) -> list[Failure]:
     """A served variant's accuracy drop against its fp32 model, its batch-1 p99 and its
     throughput at batch 4096; a figure not measured (None) is not judged."""
@@ -305,10 +317,10 @@ def check_inference(budget: InferenceBudget, record: dict[str, Any]) -> list[Fai
     if budget.accuracy_drop_vs_fp32_max is not None and drop is not None and drop > budget.accuracy_drop_vs_fp32_max:
         out.append(Failure("accuracy_drop_vs_fp32", drop, budget.accuracy_drop_vs_fp32_max, None,
                            f"accuracy {record.get('accuracy', float('nan')):.4f} against the fp32 model's"))  # fmt: skip
-    p99 = record.get("latency_p99_s")
+    p99, what = judged_p99(record)
     if budget.latency_p99_us_max is not None and p99 is not None and p99 * 1e6 > budget.latency_p99_us_max:
         out.append(Failure("latency_p99_us", p99 * 1e6, budget.latency_p99_us_max, None,
-                           f"batch-1 p99 ({record.get('latency_mode')}) above its ceiling"))  # fmt: skip
+                           f"batch-1 {what} ({record.get('latency_mode')}) above its ceiling"))  # fmt: skip
     throughput = (record.get("throughput") or {}).get("4096")
     if budget.throughput_4096_min is not None and throughput is not None and throughput < budget.throughput_4096_min:
         out.append(Failure("throughput_4096", throughput, budget.throughput_4096_min, None,
