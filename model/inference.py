@@ -41,6 +41,10 @@ from model.train import precision_mode
 
 LATENCY_CALLS = {"cuda": 2000, "cpu": 100}  # batch-1 calls per latency mode
 LATENCY_ROUNDS = 5  # the calls split into rounds: one p99 per round for the noise estimate
+# Untimed batch-1 calls before each latency mode's timed ones, as any benchmark warms up:
+# on an H100 the first of five rounds often held the tail (round p99s of 83-90 us against
+# 27-41 us in the others); a new CUDA graph, for one, is uploaded at its first launch.
+LATENCY_WARMUP = {"cuda": 50, "cpu": 3}
 BATCHES = (512, 4096)
 IMPLS = ("torch", "compile", "triton")
 THROUGHPUT_SECONDS = {"cuda": 0.5, "cpu": 0.2}  # timed per batch size (the energy counter needs a window)
@@ -133,6 +137,8 @@ def measure(
                 runner()
                 sync()
 
+            for _ in range(LATENCY_WARMUP["cuda" if cuda else "cpu"]):
+                call()
             timer = latency_timer if (latency_timer is not None and runner is primary) else own_timer
             return timer(call, calls)
 
