@@ -134,6 +134,22 @@ def _activation_grad(dy, saved, ACTIVATION: tl.constexpr, slope):
 
 
 @triton.jit
+def _epilogue(
+    acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope,
+    ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
+):  # fmt: skip
+    """The forward's epilogue, while the accumulator is still fp32: bias, activation,
+    Y stored in its dtype and, for silu, the pre-activation Z."""
+    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    y = _activation(z, ACTIVATION, slope)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    out = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if SAVE_Z:
+        tl.store(z_ptr + out, z.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _tile_ids(pid, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, GROUP: tl.constexpr):
     """Grouped program order (tutorial 03): neighbouring programs share operand tiles in L2."""
     tiles_r = tl.cdiv(rows, BLOCK_R)
@@ -171,14 +187,7 @@ def _forward_kernel(
         acc = tl.dot(a, b.to(x_ptr.dtype.element_ty), acc, input_precision=PRECISION)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    # Epilogue, while the accumulator is still fp32.
-    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = _activation(z, ACTIVATION, slope)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    out = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
-    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if SAVE_Z:
-        tl.store(z_ptr + out, z.to(z_ptr.dtype.element_ty), mask=mask)
+    _epilogue(acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope, ACTIVATION, SAVE_Z)
 
 
 @triton.jit
@@ -207,13 +216,7 @@ def _forward_gemv_kernel(
         acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = _activation(z, ACTIVATION, slope)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    out = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
-    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if SAVE_Z:
-        tl.store(z_ptr + out, z.to(z_ptr.dtype.element_ty), mask=mask)
+    _epilogue(acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope, ACTIVATION, SAVE_Z)
 
 
 @triton.jit

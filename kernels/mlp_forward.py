@@ -39,7 +39,7 @@ import triton.language as tl
 
 from kernels import direct_launch
 from kernels.linear_act import LEAKY_SLOPE
-from kernels.linear_act import _activation
+from kernels.linear_act import _epilogue
 
 MAX_LAYERS = 6  # the study's deepest MLP: 5 hidden blocks and the head
 MAX_ROWS = 16
@@ -84,10 +84,7 @@ def _layer(
             ).to(tl.float32)  # fmt: skip
             w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
             acc += tl.sum(a[:, None, :] * w.to(src.dtype.element_ty).to(tl.float32)[None, :, :], axis=2)
-        z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        y = _activation(z, ACTIVATION, slope)
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(dst + offs_m[:, None] * N + offs_n[None, :], y.to(dst.dtype.element_ty), mask=mask)
+        _epilogue(acc, b_ptr, dst, dst, offs_m, offs_n, M, N, N, 1, slope, ACTIVATION, False)
 
 
 @triton.jit
@@ -112,10 +109,7 @@ def _layer_from_tile(
         mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0, cache_modifier=".cg",
     ).to(tl.float32)  # fmt: skip
     acc = tl.sum(a[:, None, :] * w.to(src.dtype.element_ty).to(tl.float32)[None, :, :], axis=2)
-    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = _activation(z, ACTIVATION, slope)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(dst + offs_m[:, None] * N + offs_n[None, :], y.to(dst.dtype.element_ty), mask=mask)
+    _epilogue(acc, b_ptr, dst, dst, offs_m, offs_n, M, N, N, 1, slope, ACTIVATION, False)
 
 
 @triton.jit
