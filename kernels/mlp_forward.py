@@ -16,10 +16,13 @@ layer's loads go to L2 (".cg"), never to a stale L1 line. After the last layer e
 program arrives once more, and the last of those (which every other program has
 passed every barrier before) puts the counter back to 0, so no memset precedes a
 launch and a CUDA graph replays it as one node. Counters live in a small per-device
-buffer allocated on the first eager call, one slot per stream: two launches running
-at the same time on one stream cannot happen, on two streams they take two slots.
-A first call during CUDA-graph capture, before any eager call made the buffer, is
-refused (`fused_forward` returns None and the caller launches layer by layer).
+buffer allocated on the first eager call, one slot per stream: two launches on one
+stream never overlap, and eager launches on two streams take two slots. A captured
+launch keeps its capture stream's slot, so two graphs captured on one stream must not
+be replayed at the same time on two streams (their barriers would share a counter and
+could wait forever); the serving runners replay one graph at a time. A first call
+during CUDA-graph capture, before any eager call made the buffer, is refused
+(`fused_forward` returns None and the caller launches layer by layer).
 
 Triton's interpreter runs programs one after another, so there P = 1 and the barriers
 pass at once: CPU tests run this same code.
