@@ -88,7 +88,9 @@ def test_what_it_does_not_take() -> None:
 def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms, fits) -> None:
     plan = mlp_forward.tile(rows, widths, sms)
     size = plan.block_m * plan.block_n * plan.block_k
-    assert 1 <= plan.programs <= sms and plan.block_m >= rows and plan.fits is fits
+    assert plan.fits == fits
+    assert 1 <= plan.programs <= sms
+    assert plan.block_m >= rows
     assert size <= (mlp_forward.FIT_TILE if fits else mlp_forward.MAX_TILE)
     assert plan.programs * plan.block_n >= max(widths[1:]) or plan.programs == sms  # a strip of the widest layer each
     assert not fits or plan.block_k >= max(widths[:-1])  # fitting: the whole reduction in one step
