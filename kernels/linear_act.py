@@ -627,6 +627,12 @@ def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: st
     return _EagerLinearAct.apply(x, w, b, code)
 
 
+def _layer_by_layer(x: torch.Tensor, weights: list, biases: list, activations: list[str]) -> torch.Tensor:
+    for w, b, name in zip(weights, biases, activations):
+        x = linear_act(x, w, b, name)
+    return x
+
+
 def linear_act_stack(
     x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], activations: list[str]
 ) -> torch.Tensor:
@@ -648,9 +654,7 @@ def linear_act_stack(
             raise ValueError(f"layer {i}: activation {name!r}: expected one of {', '.join(ACTIVATIONS)}")
         codes.append(code)
     if not _eager(x, *weights, *biases):
-        for w, b, name in zip(weights, biases, activations):
-            x = linear_act(x, w, b, name)
-        return x
+        return _layer_by_layer(x, weights, biases, activations)
     width = x.shape[-1] if x.dim() == 2 else None
     for i, (w, b) in enumerate(zip(weights, biases)):
         if w.dim() != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
@@ -668,7 +672,5 @@ def linear_act_stack(
             if y is not None:
                 return y
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        for w, b, name in zip(weights, biases, activations):
-            x = linear_act(x, w, b, name)
-        return x
+        return _layer_by_layer(x, weights, biases, activations)
     return _EagerStack.apply(x, tuple(codes), *weights, *biases)
