@@ -81,18 +81,18 @@ def test_what_it_does_not_take() -> None:
     assert not mlp_forward.usable(x, [ws[0].to(torch.float64), ws[1]], bs)
 
 
-@pytest.mark.parametrize(("rows", "widths", "sms", "fits"), [
-    (1, [75, 512, 512, 512, 10], 132, True), (1, [75, 1024, 1024, 10], 132, True),
-    (1, [75, 2048, 2048, 10], 132, False), (16, [75, 512, 10], 132, False), (3, [75, 128, 10], 1, False),
+@pytest.mark.parametrize(("rows", "widths", "sms", "fits", "programs"), [
+    (1, [75, 512, 512, 512, 10], 132, True, 128), (1, [75, 1024, 1024, 10], 132, True, 128),
+    (1, [75, 2048, 2048, 10], 132, False, 128), (16, [75, 512, 10], 132, False, 128), (3, [75, 128, 10], 1, False, 1),
 ])  # fmt: skip
-def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms, fits) -> None:
+def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms, fits, programs) -> None:
     plan = mlp_forward.tile(rows, widths, sms)
     size = plan.block_m * plan.block_n * plan.block_k
     assert plan.fits == fits
-    assert 1 <= plan.programs <= sms
+    assert plan.programs == programs  # a strip of the widest layer for each, no more programs than SMs
     assert plan.block_m >= rows
     assert size <= (mlp_forward.FIT_TILE if fits else mlp_forward.MAX_TILE)
-    assert plan.programs * plan.block_n >= max(widths[1:]) or plan.programs == sms  # a strip of the widest layer each
+    assert plan.programs * plan.block_n >= max(widths[1:]) or plan.programs == sms
     assert not fits or plan.block_k >= max(widths[:-1])  # fitting: the whole reduction in one step
     assert all(v & (v - 1) == 0 for v in (plan.block_m, plan.block_n, plan.block_k))
 
