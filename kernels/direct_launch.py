@@ -10,8 +10,11 @@ from Triton 3.4 to 3.9): on an H100 with triton 3.6 that took 8-22% off an eager
 
 The signature is at least as fine as Triton's specialization on NVIDIA GPUs: the
 kernel, the device, every constexpr and launch option, each tensor's dtype, device kind
-and 16-byte alignment, each integer's class (equal to 1, a multiple of 16, 32- or
-64-bit), so a compiled kernel is never reused where Triton would have compiled another.
+and 16-byte alignment, each integer's value (finer than Triton's classes: equal to 1, a
+multiple of 16, 32- or 64-bit), so a compiled kernel is never reused where Triton would
+have compiled another. Integers go in as they are because classifying one costs more
+than the lookup saves; the ints of our launches are shapes and strides, so a process
+holds a few signatures per shape (the table is emptied past MAX_SIGNATURES).
 Tensors reach the launcher as plain addresses: Triton's launcher then skips their
 data_ptr() calls and a driver pointer query per tensor (cuPointerGetAttribute), which
 the signature's first launch made. With a launch hook set (a profiler) the launcher
@@ -41,32 +44,34 @@ except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another c
 # defaulted values after the positional ones, in the kernel's order)
 _COMPILED: dict[tuple, tuple[Any, tuple[int, ...], tuple]] = {}
 _USABLE: dict[Any, bool] = {}
-_INT32 = (-(2**31), 2**31 - 1)
+MAX_SIGNATURES = 4096  # a process serving every batch size from 1 to 4096 stays near this
+_Tensor = torch.Tensor
 
 
-def signature(fn: Any, args: tuple, kwargs: dict) -> tuple | None:
-    """The launch signature of `fn(*args, **kwargs)`, or None where it cannot be told:
-    per argument what Triton's specialization can tell apart (a tensor's dtype, device
-    kind and 16-byte alignment; an int's class; a bool's value; a float is a float)."""
+def signature(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple, list[int]] | None:
+    """The launch signature of `fn(*args, **kwargs)` and the tensors' addresses, or None
+    where it cannot be told: per argument what Triton's specialization can tell apart
+    or finer (a tensor's dtype, device kind and 16-byte alignment; an int's value; a
+    bool's value; a float is a float). The hot path of every eager launch: one pass."""
     key: list[Any] = [fn, torch.cuda.current_device() if torch.cuda.is_initialized() else -1]
+    add = key.append
+    addresses: list[int] = []
     for a in args:
         kind = type(a)
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.is_cuda, not a.data_ptr() & 15))
-        elif kind is int:
-            key.append((a == 1, not a % 16, _INT32[0] <= a <= _INT32[1], a >= 2**63))
+        if kind is int:
+            add(a)
         elif kind is float:
-            key.append(float)
+            add(float)
+        elif isinstance(a, _Tensor):
+            address = a.data_ptr()
+            addresses.append(address)
+            add((a.dtype, a.is_cuda, not address & 15))
         elif kind is bool:
-            key.append(a)
+            add((bool, a))  # True == 1 as a dict key: keep a bool apart from the int 1
         else:
             return None
-    key.append(tuple(kwargs.items()))  # in the call's order: a call site always passes the same
-    try:
-        hash(key[-1])
-    except TypeError:
-        return None
-    return tuple(key)
+    add(tuple(kwargs.items()))  # in the call's order: a call site always passes the same
+    return tuple(key), addresses
 
 
 def _usable(fn: Any) -> bool:
@@ -89,26 +94,31 @@ def launch(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     usable = _USABLE.get(fn)
     if usable is None:
         usable = _USABLE[fn] = bool(_usable(fn))
-    key = signature(fn, args, kwargs) if usable and type(grid) is tuple else None
-    hit = _COMPILED.get(key) if key is not None else None
+    signed = signature(fn, args, kwargs) if usable and type(grid) is tuple else None
+    try:
+        hit = _COMPILED.get(signed[0]) if signed is not None else None
+    except TypeError:  # a constexpr that does not hash
+        signed = hit = None
     if hit is None:
         kernel = fn[grid](*args, **kwargs)  # binds, compiles where needed, launches
-        if key is not None and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
+        if signed is not None and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
             names = tuple(fn.arg_names)
             if set(names) == set(names[: len(args)]) | {n for n in kwargs if n in names}:
+                if len(_COMPILED) >= MAX_SIGNATURES:
+                    _COMPILED.clear()
                 tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-                _COMPILED[key] = (kernel, tensors, tuple(kwargs[n] for n in names[len(args) :]))
+                _COMPILED[signed[0]] = (kernel, tensors, tuple(kwargs[n] for n in names[len(args) :]))
         return
     kernel, tensors, tail = hit
-    stream = _driver.active.get_current_stream(key[1])  # torch's current device, the one Triton's driver reports
+    stream = _driver.active.get_current_stream(signed[0][1])  # torch's current device, the one Triton's driver reports
     runtime = _knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     if not (_hooked(enter) or _hooked(leave)):
         # Plain addresses: the launcher then skips each tensor's data_ptr() call and the
         # driver's pointer check, which the first launch of this signature has done.
         values = list(args)
-        for i in tensors:
-            values[i] = values[i].data_ptr()
+        for i, address in zip(tensors, signed[1]):
+            values[i] = address
         values.extend(tail)
         metadata = enter = leave = None
     else:  # a profiler's hooks see the tensors and the launch metadata, as on Triton's path

@@ -382,35 +382,37 @@ def _launch_traceable(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     wrap_triton(fn)[grid](*args, **kwargs)
 
 
-def _launch_direct(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
-    """Eagerly, outside any trace: the compiled kernel's launcher, Triton's binding done
-    once per launch signature (kernels/direct_launch.py)."""
-    direct_launch.launch(fn, grid, *args, **kwargs)
+# Eagerly, outside any trace: the compiled kernel's launcher, Triton's binding done once
+# per launch signature (kernels/direct_launch.py). Bound by name, not wrapped: a wrapper
+# would pack and unpack the twenty-odd arguments of every launch once more.
+_launch_direct = direct_launch.launch
 
 
 def _forward(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int, precision: str, act_class: str, launch: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Y and, for silu, the pre-activation Z (None otherwise: the op wraps that in an
+    empty tensor, the eager path saves an allocation per layer)."""
     M, K = x.shape
     N = w.shape[0]
     plan = _plan("fwd", M, N, K, x, precision, act_class)
     cfg, save_z = plan.cfg, activation == SILU
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if cfg.backend == CUBLAS:
-        z = torch.mm(x, w.t().to(x.dtype))  # cuBLAS; bias and activation in our epilogue
+        # cuBLAS (linear: the transpose and the GEMM in one call); bias and activation in our epilogue
+        z = torch.nn.functional.linear(x, w if w.dtype == x.dtype else w.to(x.dtype))
         launch(
             _bias_act_kernel, plan.grid,
-            z, b, y, M, N, z.stride(0), z.stride(1), y.stride(0), y.stride(1), LEAKY_SLOPE,
+            z, b, y, M, N, *z.stride(), *y.stride(), LEAKY_SLOPE,
             ACTIVATION=activation, SAVE_Z=save_z, BLOCK_M=EPILOGUE_BLOCK[0], BLOCK_N=EPILOGUE_BLOCK[1],
         )  # fmt: skip
-        return y, z if save_z else torch.empty((0, N), device=x.device, dtype=x.dtype)
-    z = torch.empty((M, N) if save_z else (0, N), device=x.device, dtype=x.dtype)
+        return y, z if save_z else None
+    z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else None
     if cfg.backend == GEMV:
         launch(
             _forward_gemv_kernel, plan.grid,
             x, w, b, y, z if save_z else y, M, N, K,
-            x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1), LEAKY_SLOPE,
+            *x.stride(), *w.stride(), *y.stride(), LEAKY_SLOPE,
             ACTIVATION=activation, SAVE_Z=save_z, BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
@@ -418,7 +420,7 @@ def _forward(
     launch(
         _forward_kernel, plan.grid,
         x, w, b, y, z if save_z else y, M, N, K,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1), LEAKY_SLOPE,
+        *x.stride(), *w.stride(), *y.stride(), LEAKY_SLOPE,
         ACTIVATION=activation, SAVE_Z=save_z, PRECISION=precision,
         BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red, GROUP=cfg.group,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -429,8 +431,8 @@ def _forward(
 def _backward(
     dy: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, w: torch.Tensor, activation: int, input_grad: bool,
     precision: str, act_class: str, launch: Any,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """dX (empty unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dX (None unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
     dy = dy.contiguous()
     M, K = x.shape
     N = w.shape[0]
@@ -444,12 +446,13 @@ def _backward(
         dz = torch.empty((M, N), device=x.device, dtype=x.dtype)
         launch(
             _act_grad_kernel, (triton.cdiv(N, GRAD_BLOCK[1]),),
-            dy, saved, dz, db, M, N, dy.stride(0), dy.stride(1), dz.stride(0), dz.stride(1), LEAKY_SLOPE,
+            dy, saved, dz, db, M, N, *dy.stride(), *dz.stride(), LEAKY_SLOPE,
             ACTIVATION=activation, BLOCK_M=GRAD_BLOCK[0], BLOCK_N=GRAD_BLOCK[1],
         )  # fmt: skip
     cfg = dw_plan.cfg
     if cfg.backend == CUBLAS:
-        dw = torch.mm(dz.t(), x).to(w.dtype)  # db came with dz
+        dw = torch.mm(dz.t(), x)  # db came with dz
+        dw = dw if dw.dtype == w.dtype else dw.to(w.dtype)
     else:
         dw = torch.empty_like(w)
         split = dw_plan.splits > 1
@@ -458,7 +461,7 @@ def _backward(
         launch(
             _weight_grad_kernel, dw_plan.grid,
             dy, saved, x, ws if split else dw, ws if split else db, M, N, K, dw_plan.m_per_split,
-            dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0), dw.stride(1), N * K + N, LEAKY_SLOPE,
+            *dy.stride(), *x.stride(), *dw.stride(), N * K + N, LEAKY_SLOPE,
             ACTIVATION=activation, PRECISION=precision, SPLIT=split,
             BLOCK_M=cfg.block_red, BLOCK_N=cfg.block_r, BLOCK_K=cfg.block_c, GROUP=cfg.group,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -466,18 +469,18 @@ def _backward(
         if split:
             launch(
                 _split_sum_kernel, dw_plan.sum_grid,
-                ws, dw, db, dw_plan.splits, N, K, ws.stride(0), dw.stride(0), dw.stride(1), BLOCK=SUM_BLOCK,
+                ws, dw, db, dw_plan.splits, N, K, ws.stride(0), *dw.stride(), BLOCK=SUM_BLOCK,
             )  # fmt: skip
     if dx_plan is None:
-        return torch.empty((0, K), device=x.device, dtype=x.dtype), dw, db
+        return None, dw, db
     cfg = dx_plan.cfg
     if cfg.backend == CUBLAS:
-        return torch.mm(dz, w.to(dz.dtype)), dw, db
+        return torch.mm(dz, w if w.dtype == dz.dtype else w.to(dz.dtype)), dw, db
     dx = torch.empty_like(x)
     launch(
         _input_grad_kernel, dx_plan.grid,
         dy, saved, w, dx, M, N, K,
-        dy.stride(0), dy.stride(1), w.stride(0), w.stride(1), dx.stride(0), dx.stride(1), LEAKY_SLOPE,
+        *dy.stride(), *w.stride(), *dx.stride(), LEAKY_SLOPE,
         ACTIVATION=activation, PRECISION=precision,
         BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_red, BLOCK_K=cfg.block_c, GROUP=cfg.group,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -495,7 +498,8 @@ use_launch_code(_forward, _backward, _launch_direct)
 @triton_op("loadbench::linear_act_fwd", mutates_args={})
 def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
-    return _forward(x, w, b, activation, _precision(x.dtype), _CLASS_OF[activation], _launch_traceable)
+    y, z = _forward(x, w, b, activation, _precision(x.dtype), _CLASS_OF[activation], _launch_traceable)
+    return y, z if z is not None else x.new_empty((0, w.shape[0]))
 
 
 @triton_op("loadbench::linear_act_bwd", mutates_args={})
@@ -504,7 +508,8 @@ def linear_act_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dX (empty unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
     prec = _precision(x.dtype)
-    return _backward(dy, saved, x, w, activation, input_grad, prec, _CLASS_OF[activation], _launch_traceable)
+    dx, dw, db = _backward(dy, saved, x, w, activation, input_grad, prec, _CLASS_OF[activation], _launch_traceable)
+    return (dx if dx is not None else x.new_empty((0, x.shape[1]))), dw, db
 
 
 def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]

@@ -64,8 +64,8 @@ def kinds(kernel):
 
 def test_the_second_launch_of_a_signature_goes_straight_to_the_launcher(stand_in) -> None:
     x = torch.zeros(64)
-    direct_launch.launch(stand_in, (3,), x, 32, BLOCK=16, num_warps=4)
-    direct_launch.launch(stand_in, (5, 2), x, 48, BLOCK=16, num_warps=4)  # 48: a multiple of 16 too
+    direct_launch.launch(stand_in, (3,), x, 48, BLOCK=16, num_warps=4)
+    direct_launch.launch(stand_in, (5, 2), x, 48, BLOCK=16, num_warps=4)  # another grid: the same signature
     assert kinds(stand_in) == ["triton", "direct"]
     args = stand_in.calls[1][1]
     # grid to three dimensions, the stream, the handles, metadata, the two hooks, then
@@ -92,7 +92,7 @@ def test_with_a_launch_hook_set_the_launcher_gets_the_tensors_and_their_metadata
     assert args[-3] is x and args[-2:] == (32, 16)
 
 
-@pytest.mark.parametrize("change", ["misaligned", "dtype", "int-class", "int-one", "constexpr", "option"])
+@pytest.mark.parametrize("change", ["misaligned", "dtype", "int-class", "int-value", "int-one", "bool", "constexpr", "option"])
 def test_anything_triton_specializes_on_takes_triton_s_path_again(stand_in, change) -> None:
     x = torch.zeros(64)
     base = dict(args=(x, 32), kwargs=dict(BLOCK=16, num_warps=4))
@@ -100,10 +100,14 @@ def test_anything_triton_specializes_on_takes_triton_s_path_again(stand_in, chan
         "misaligned": dict(args=(x[1:], 32), kwargs=base["kwargs"]),  # 4 bytes off 16-byte alignment
         "dtype": dict(args=(x.double(), 32), kwargs=base["kwargs"]),
         "int-class": dict(args=(x, 33), kwargs=base["kwargs"]),
+        "int-value": dict(args=(x, 48), kwargs=base["kwargs"]),  # the same class as 32: keyed finer than Triton
         "int-one": dict(args=(x, 1), kwargs=base["kwargs"]),
+        "bool": dict(args=(x, True), kwargs=base["kwargs"]),  # not the int 1, though True == 1 as a key
         "constexpr": dict(args=(x, 32), kwargs=dict(BLOCK=32, num_warps=4)),
         "option": dict(args=(x, 32), kwargs=dict(BLOCK=16, num_warps=8)),
     }[change]
+    if change == "bool":  # the int 1 first: a bool must not find its entry
+        base = dict(args=(x, 1), kwargs=base["kwargs"])
     direct_launch.launch(stand_in, (1,), *base["args"], **base["kwargs"])
     direct_launch.launch(stand_in, (1,), *other["args"], **other["kwargs"])
     direct_launch.launch(stand_in, (1,), *other["args"], **other["kwargs"])
@@ -114,6 +118,19 @@ def test_an_argument_it_cannot_classify_always_takes_triton_s_path(stand_in) -> 
     for _ in range(2):
         direct_launch.launch(stand_in, (1,), torch.zeros(4), "n", BLOCK=16)
     assert kinds(stand_in) == ["triton", "triton"] and direct_launch.cached_signatures() == 0
+
+
+def test_the_signature_table_is_emptied_when_full(stand_in, monkeypatch) -> None:
+    monkeypatch.setattr(direct_launch, "MAX_SIGNATURES", 3)
+    x = torch.zeros(64)
+    for n in (16, 32, 48):
+        direct_launch.launch(stand_in, (1,), x, n, BLOCK=16)
+    assert direct_launch.cached_signatures() == 3
+    direct_launch.launch(stand_in, (1,), x, 64, BLOCK=16)  # a fourth: the table starts again
+    assert direct_launch.cached_signatures() == 1
+    direct_launch.launch(stand_in, (1,), x, 64, BLOCK=16)
+    direct_launch.launch(stand_in, (1,), x, 16, BLOCK=16)  # forgotten: Triton's path once more
+    assert kinds(stand_in)[-2:] == ["direct", "triton"]
 
 
 def test_a_kernel_missing_an_argument_is_not_cached(stand_in) -> None:
