@@ -40,10 +40,14 @@ try:
 except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another call form
     _knobs = _driver = None
 
-# launch signature -> (compiled kernel, positions of the tensor arguments, constexpr and
-# defaulted values after the positional ones, in the kernel's order)
-_COMPILED: dict[tuple, tuple[Any, tuple[int, ...], tuple]] = {}
-_USABLE: dict[Any, bool] = {}
+# launch signature -> (the kernel, its compiled kernel, positions of the tensor arguments,
+# constexpr and defaulted values after the positional ones, in the kernel's order).
+# Kernels are keyed by id(): a JITFunction hashes through a locked property, twice a
+# launch; the entry holds the kernel, so a hit is checked to be the same object.
+_COMPILED: dict[tuple, tuple[Any, Any, tuple[int, ...], tuple]] = {}
+_USABLE: dict[int, tuple[Any, bool]] = {}
+# torch.cuda.current_device() without its initialization check, which the caller makes
+_current_device = getattr(torch._C, "_cuda_getDevice", lambda: -1)
 MAX_SIGNATURES = 4096  # a process serving every batch size from 1 to 4096 stays near this
 _Tensor = torch.Tensor
 
@@ -53,7 +57,7 @@ def signature(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple, list[int]] | N
     where it cannot be told: per argument what Triton's specialization can tell apart
     or finer (a tensor's dtype, device kind and 16-byte alignment; an int's value; a
     bool's value; a float is a float). The hot path of every eager launch: one pass."""
-    key: list[Any] = [fn, torch.cuda.current_device() if torch.cuda.is_initialized() else -1]
+    key: list[Any] = [id(fn), _current_device() if torch.cuda.is_initialized() else -1]
     add = key.append
     addresses: list[int] = []
     for a in args:
@@ -91,14 +95,16 @@ def _hooked(hook: Any) -> bool:
 def launch(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     """`fn[grid](*args, **kwargs)`, from the second call of a launch signature on
     straight through the compiled kernel's launcher."""
-    usable = _USABLE.get(fn)
-    if usable is None:
-        usable = _USABLE[fn] = bool(_usable(fn))
-    signed = signature(fn, args, kwargs) if usable and type(grid) is tuple else None
+    known = _USABLE.get(id(fn))
+    if known is None or known[0] is not fn:
+        known = _USABLE[id(fn)] = (fn, bool(_usable(fn)))
+    signed = signature(fn, args, kwargs) if known[1] and type(grid) is tuple else None
     try:
         hit = _COMPILED.get(signed[0]) if signed is not None else None
     except TypeError:  # a constexpr that does not hash
         signed = hit = None
+    if hit is not None and hit[0] is not fn:  # another kernel under a reused id
+        hit = None
     if hit is None:
         kernel = fn[grid](*args, **kwargs)  # binds, compiles where needed, launches
         if signed is not None and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
@@ -107,9 +113,9 @@ def launch(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
                 if len(_COMPILED) >= MAX_SIGNATURES:
                     _COMPILED.clear()
                 tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-                _COMPILED[signed[0]] = (kernel, tensors, tuple(kwargs[n] for n in names[len(args) :]))
+                _COMPILED[signed[0]] = (fn, kernel, tensors, tuple(kwargs[n] for n in names[len(args) :]))
         return
-    kernel, tensors, tail = hit
+    _, kernel, tensors, tail = hit
     stream = _driver.active.get_current_stream(signed[0][1])  # torch's current device, the one Triton's driver reports
     runtime = _knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook

@@ -133,6 +133,16 @@ def test_the_signature_table_is_emptied_when_full(stand_in, monkeypatch) -> None
     assert kinds(stand_in)[-2:] == ["direct", "triton"]
 
 
+def test_an_entry_another_kernel_left_under_the_same_id_is_not_used(stand_in) -> None:
+    """Kernels are keyed by id(); a freed kernel's id can come back on another one."""
+    x, gone = torch.zeros(64), Kernel()
+    direct_launch.launch(gone, (1,), x, 48, BLOCK=16)
+    (key, entry), = direct_launch._COMPILED.items()
+    direct_launch._COMPILED[(id(stand_in), *key[1:])] = entry  # as if `gone` had had stand_in's id
+    direct_launch.launch(stand_in, (1,), x, 48, BLOCK=16)
+    assert kinds(stand_in) == ["triton"] and kinds(gone) == ["triton"]
+
+
 def test_a_kernel_missing_an_argument_is_not_cached(stand_in) -> None:
     for _ in range(2):  # BLOCK left to a default: the direct call could not rebuild the list
         direct_launch.launch(stand_in, (1,), torch.zeros(4), 8)
