@@ -647,8 +647,9 @@ def linear_act_stack(
     per layer). Under capture each layer keeps its own node, so gradient hooks (the
     data-parallel graph loop's bucketed all-reduces) fire layer by layer, as they do
     under torch.compile, which always sees the per-layer ops. Without gradients, a
-    forward of at most 16 rows (serving) is one launch for all layers, eagerly and
-    under capture (kernels/mlp_forward.py); its sums run in another order than the
+    forward of at most 16 rows (serving) is one launch for all layers where each layer
+    fits a strip per program, eagerly and under capture (kernels/mlp_forward.py, which
+    says where it does not); its sums run in another order than the
     layer kernels', so its bits may differ from theirs in the last places."""
     if not (len(weights) == len(biases) == len(activations) > 0):
         raise ValueError(f"linear_act_stack: {len(weights)} weights, {len(biases)} biases, {len(activations)} activations")

@@ -24,8 +24,12 @@ could wait forever); the serving runners replay one graph at a time. A first cal
 during CUDA-graph capture, before any eager call made the buffer, is refused
 (`fused_forward` returns None and the caller launches layer by layer).
 
+On a GPU it takes a forward only where each program's strip of every layer fits its
+registers whole, loaded before the barrier; wider layers (2048 columns at batch 1)
+go layer by layer, which measured faster than streaming the strips (`fused_forward`).
+
 Triton's interpreter runs programs one after another, so there P = 1 and the barriers
-pass at once: CPU tests run this same code.
+pass at once: CPU tests run this same code, streamed strips included.
 
 Written by hand: Triton has no grid-wide barrier, torch no fused whole-network GEMV.
 """
@@ -260,14 +264,22 @@ def fused_forward(
     x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], activations: list[int]
 ) -> torch.Tensor | None:
     """Y of the layers (activation codes of kernels.launch_plan.ACTIVATIONS) in one
-    launch, in X's dtype; None where it cannot launch now (see the module docstring).
-    The caller checks `usable` and the shapes."""
+    launch, in X's dtype; None where it cannot launch now (see the module docstring)
+    or where, on a GPU, a layer does not fit one strip per program: then the strips
+    would stream W through reduction steps after each barrier, nothing loaded ahead,
+    and on an H200 that one launch took 30.2 us of GPU time per replay at batch 1
+    through 75-2048-2048-2048-10 against 24.7 us layer by layer (eager torch's
+    kernels: 25.2 us); at width 1024, which fits, 11.4 against 15.5. The interpreter
+    (one program) runs the streamed form. The caller checks `usable` and the shapes."""
+    rows, layers = x.shape[0], len(weights)
+    widths = [x.shape[1]] + [w.shape[0] for w in weights]
+    programs_max = _programs_max(x.device)
+    plan = tile(rows, widths, programs_max)
+    if not plan.fits and programs_max > 1:
+        return None
     counter = _counter(x.device) if x.device.type == "cuda" else torch.zeros(1, dtype=torch.int32)
     if counter is None:
         return None
-    rows, layers = x.shape[0], len(weights)
-    widths = [x.shape[1]] + [w.shape[0] for w in weights]
-    plan = tile(rows, widths, _programs_max(x.device))
     row = rows * max(widths[1:-1], default=1)
     scratch = torch.empty(max(1, layers - 1) * row, device=x.device, dtype=x.dtype)
     y = torch.empty((rows, widths[-1]), device=x.device, dtype=x.dtype)

@@ -97,6 +97,21 @@ def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms, fits, p
     assert all(v & (v - 1) == 0 for v in (plan.block_m, plan.block_n, plan.block_k))
 
 
+@pytest.mark.skipif(CUDA, reason="plants a GPU's program count on the interpreter's path")
+def test_on_a_gpu_layers_that_do_not_fit_a_strip_per_program_go_layer_by_layer(monkeypatch) -> None:
+    """The streamed (looped) one launch lost to layer-by-layer launches on an H200."""
+    monkeypatch.setattr(mlp_forward, "_programs_max", lambda device: 132)
+    ws, bs = network([75, 512, 10])
+    x = torch.randn(16, 75, device=DEVICE)  # 16 rows x 512 columns: no strip per program fits
+    assert not mlp_forward.tile(16, [75, 512, 10], 132).fits
+    mlp_forward.LAUNCHES.clear()
+    with torch.no_grad():
+        assert mlp_forward.fused_forward(x, ws, bs, [1, 0]) is None
+        y = linear_act_stack(x, ws, bs, ["relu", "identity"])
+    assert not mlp_forward.LAUNCHES
+    torch.testing.assert_close(y.double(), exact(x, ws, bs, ["relu", "identity"]), rtol=1e-4, atol=1e-4)
+
+
 def test_the_switch_is_checked() -> None:
     assert mlp_forward.enabled_from_env(None) and not mlp_forward.enabled_from_env("0")
     with pytest.raises(ValueError, match="LOADBENCH_FUSED_FORWARD='off'"):
@@ -109,7 +124,7 @@ needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("widths", [[75, 512, 512, 512, 10], [75, 2048, 2048, 2048, 2048, 2048, 10]], ids=["optimal", "widest-deepest"])
+@pytest.mark.parametrize("widths", [[75, 512, 512, 512, 10], [75, 1024, 1024, 1024, 1024, 1024, 10]], ids=["optimal", "widest-deepest"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu_every_program_waits_for_the_layer(widths, dtype) -> None:
     """A program per SM, barriers between layers; the counter is back at 0 after each
@@ -132,6 +147,18 @@ def test_on_the_gpu_every_program_waits_for_the_layer(widths, dtype) -> None:
         assert int(mlp_forward._COUNTERS[torch.cuda.current_device()].abs().sum()) == 0
     programs = mlp_forward.LAUNCHES[(1, tuple(widths), str(dtype).removeprefix("torch."))]["programs"]
     assert programs > 1
+
+
+@gpu
+@needs_gpu
+def test_on_the_gpu_width_2048_goes_layer_by_layer() -> None:
+    ws, bs = network([75, 2048, 2048, 10])
+    x = torch.randn(1, 75, device="cuda")
+    mlp_forward.LAUNCHES.clear()
+    with torch.no_grad():
+        y = linear_act_stack(x, ws, bs, ["relu", "relu", "identity"])
+    assert not mlp_forward.LAUNCHES
+    torch.testing.assert_close(y.double(), exact(x, ws, bs, ["relu", "relu", "identity"]), rtol=1e-4, atol=1e-4)
 
 
 @gpu
