@@ -30,6 +30,7 @@ from bench.plugin.compare import read_run
 from bench.plugin.options import Options
 from bench.tools.shards import assign
 from bench.tools.shards import durations_of
+from bench.tools.shards import unit_of
 from model.data import DataError
 from model.data import Dataset
 from model.data import Frames
@@ -231,12 +232,13 @@ class LoadBenchSession:
                     baseline.history = history
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """--shard i/n: keep the i-th shard's cases (bench/shards.py says which)."""
+        """--shard i/n: keep the i-th shard's cases (bench/tools/shards.py says which)."""
         shard = config.getoption("shard")
         if shard is None:
             return
         index, count = shard
-        keep = set(assign([item.nodeid for item in items], count, self.shard_durations)[index - 1])
+        units = {item.nodeid: unit_of(item.nodeid, getattr(getattr(item, "callspec", None), "params", {})) for item in items}
+        keep = set(assign([item.nodeid for item in items], count, self.shard_durations, units)[index - 1])
         deselected = [item for item in items if item.nodeid not in keep]
         items[:] = [item for item in items if item.nodeid in keep]
         if deselected:
