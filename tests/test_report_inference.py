@@ -48,6 +48,16 @@ def test_the_inference_view_marks_the_front_on_latency_and_energy() -> None:
     assert len(labels) == len(xs)  # only front points are labelled
 
 
+def test_costs_spanning_orders_of_magnitude_get_a_log_axis() -> None:
+    """Eager dynamic int8 at milliseconds beside graph replays at microseconds."""
+    (run,), _ = load_runs([RUN])
+    records = run.inference_records()
+    assert inference_figure(records).axes[0].get_xscale() == "linear"
+    slow = [dict(r, latency_graph_s=None, latency_eager_s={"p50": 0.01, "p99": 0.02, "max": 0.03}) for r in records[:1]]
+    latency_ax = inference_figure(slow + records[1:]).axes[0]
+    assert latency_ax.get_xscale() == "log" and latency_ax.get_xlabel().endswith("log scale")
+
+
 def test_an_inference_panel_without_energy_says_why() -> None:
     (run,), _ = load_runs([RUN])
     records = [dict(r, energy_j_per_1k=None, latency_graph_s=None) for r in run.inference_records()]

@@ -237,6 +237,9 @@ def record_p99(record: Mapping[str, Any]) -> float | None:
     return None
 
 
+LOG_SPAN = 100  # an inference panel whose costs span more than this factor gets a log x axis
+
+
 def inference_figure(records: list[dict[str, Any]]) -> Figure:
     """Accuracy against batch-1 p99 latency and against energy per 1,000 inferences of
     every inference record of a run (case x variant x implementation), coloured by
@@ -261,7 +264,11 @@ def inference_figure(records: list[dict[str, Any]]) -> Figure:
         order = sorted(front, key=lambda i: points[i][0])
         ax.plot([points[i][0] for i in order], [points[i][1] for i in order], color="tab:red", linewidth=1,
                 marker="o", markersize=5, label="Pareto front", zorder=3)  # fmt: skip
-        ax.set_xlabel(label)
+        xs = [x for x, _ in points]
+        logged = min(xs) > 0 and max(xs) > LOG_SPAN * min(xs)
+        if logged:  # eager dynamic int8 at milliseconds beside graph replays at microseconds
+            ax.set_xscale("log")
+        ax.set_xlabel(label + (", log scale" if logged else ""))
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
         ax.margins(0.15)
