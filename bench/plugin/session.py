@@ -237,8 +237,8 @@ class LoadBenchSession:
         if shard is None:
             return
         index, count = shard
-        units = {item.nodeid: unit_of(item.nodeid, getattr(getattr(item, "callspec", None), "params", {})) for item in items}
-        keep = set(assign([item.nodeid for item in items], count, self.shard_durations, units)[index - 1])
+        units = {item.nodeid: unit_of(item.nodeid, item.callspec.params if hasattr(item, "callspec") else {}) for item in items}
+        keep = set(assign(list(units), count, self.shard_durations, units)[index - 1])
         deselected = [item for item in items if item.nodeid not in keep]
         items[:] = [item for item in items if item.nodeid in keep]
         if deselected:

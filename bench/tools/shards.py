@@ -46,15 +46,17 @@ def assign(
 ) -> list[list[str]]:  # fmt: skip
     """The node ids of each of `count` shards; `units` maps a node id to its unit
     (`unit_of`; a node id it does not name is a unit of its own)."""
+    ordered = sorted(node_ids)
+    unit = units or {}
     members: dict[str, list[str]] = {}
-    for node_id in sorted(node_ids):
-        members.setdefault((units or {}).get(node_id, node_id), []).append(node_id)
+    for node_id in ordered:
+        members.setdefault(unit.get(node_id, node_id), []).append(node_id)
     shards: list[list[str]] = [[] for _ in range(count)]
     if not durations:
-        for rank, unit in enumerate(sorted(members)):
-            shards[rank % count].extend(members[unit])
+        for rank, name in enumerate(sorted(members)):
+            shards[rank % count].extend(members[name])
         return shards
-    known = [durations[n] for n in sorted(node_ids) if n in durations]
+    known = [durations[n] for n in ordered if n in durations]
     default = statistics.median(known) if known else 1.0
     cost = {unit: sum(durations.get(n, default) for n in nodes) for unit, nodes in members.items()}
     load = [0.0] * count
