@@ -20,9 +20,9 @@ of this checkout pays.
 Phase 2, cells: bench/test_kernels.py's measurement (the bench imports it from here):
 one forward + backward of the MLP (3 hidden blocks, head, loss gradient) per batch x
 width x precision with leaky_relu, and every activation at 512 x 512, timed for eager
-torch, torch.compile and our kernels, eagerly (do_bench, in EAGER_ROUNDS rounds taking
-the implementations in turn, the median round each) and replayed from CUDA graphs
-(do_bench_cudagraph). A cell the tuning phase did not cover tunes on its untimed
+torch, torch.compile and our kernels, eagerly (do_bench, in EAGER_ROUNDS rounds of
+EAGER_ROUND_MS taking the implementations in turn, the median round each) and replayed
+from CUDA graphs (do_bench_cudagraph). A cell the tuning phase did not cover tunes on its untimed
 warm-up step. A failing baseline (torch.compile on one cell, say) is recorded and the
 cell goes on without it. The cells the issue names as losing come first, so a time
 limit cuts the others.
@@ -68,7 +68,10 @@ ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 PRECISIONS = ("fp32", "bf16")
 CENTRE = (512, 512)  # the study's optimal batch x width, what every experiment varies around
 LOSING = 0.95  # a cell whose speedup over the best baseline is below this loses
-EAGER_ROUNDS = 5  # eager timings: rounds taking the implementations in turn, median per implementation
+EAGER_ROUNDS = 10  # eager timings: rounds taking the implementations in turn, median per implementation
+# do_bench's time per eager round and its warm-up, in ms: a host-bound step of 1-2 ms on
+# the GPU hosts measured moved by 20% between rounds of 10 ms (a few steps each)
+EAGER_ROUND_MS, EAGER_WARMUP_MS = 20, 10
 # Named in the issue as losing on an H100: measured first, so a time limit cuts others.
 PRIORITY = [("fp32", 64, 2048, "leaky_relu"), ("bf16", 512, 512, "silu"), ("fp32", 512, 512, "silu")] + [
     (p, b, 2048, "leaky_relu") for p in PRECISIONS for b in BATCHES
@@ -109,6 +112,15 @@ def time_ms(fn: Callable[[], None], device: torch.device, graph: bool, rep: int 
     from triton.testing import do_bench_cudagraph
 
     return do_bench_cudagraph(fn, rep=rep) if graph else do_bench(fn, warmup=25, rep=rep)
+
+
+def eager_ms(fn: Callable[[], None], device: torch.device) -> float:
+    """One eager round: do_bench over EAGER_ROUND_MS on a GPU, `time_ms` elsewhere."""
+    if device.type != "cuda":
+        return time_ms(fn, device, False)
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=EAGER_WARMUP_MS, rep=EAGER_ROUND_MS)
 
 
 def _error(exc: BaseException) -> str:
@@ -231,12 +243,12 @@ def measure_cell(
                     raise
                 cell.errors[key] = _error(exc)
                 cell.times_ms[key] = None
-        _time_eager_interleaved(cell, device, rep)
+        _time_eager_interleaved(cell, device)
     cell.tiles = cell_tiles(batch, width, torch.bfloat16 if precision == "bf16" else torch.float32)
     return cell
 
 
-def _time_eager_interleaved(cell: CellResult, device: torch.device, rep: int) -> None:
+def _time_eager_interleaved(cell: CellResult, device: torch.device) -> None:
     """Eager times, in rounds that take every implementation in turn, the median round
     per implementation: an eager step is bound by the host, whose speed drifts (other
     tenants, clocks) by more than the gaps measured, so implementations timed one after
@@ -249,7 +261,7 @@ def _time_eager_interleaved(cell: CellResult, device: torch.device, rep: int) ->
             if name in failed:
                 continue
             try:
-                samples[name].append(float(time_ms(step, device, False, max(1, rep // rounds))))
+                samples[name].append(float(eager_ms(step, device)))
             except Exception as exc:
                 if name == "triton":
                     raise

@@ -378,21 +378,22 @@ def test_eager_times_come_from_interleaved_rounds(monkeypatch) -> None:
 
     order, planted = [], {"torch": iter([5.0, 1.0, 3.0, 2.0, 4.0]), "triton": iter([9.0, 7.0, 8.0, 6.0, 10.0])}
 
-    def timer(step, device, graph, rep):
+    def timer(step, device):
         name = step()
         order.append(name)
         if name == "compile" and len(order) > 3:
             raise RuntimeError("recompile limit\nmore")
         return next(planted[name]) if name in planted else 1.0
 
-    monkeypatch.setattr(bench_cells, "time_ms", timer)
+    monkeypatch.setattr(bench_cells, "eager_ms", timer)
+    monkeypatch.setattr(bench_cells, "EAGER_ROUNDS", 5)
     cell = bench_cells.CellResult(512, 512, "relu", "fp32", torch.device("cuda"))
     cell.steps = {name: (lambda n=name: n) for name in ("torch", "compile", "triton")}
-    bench_cells._time_eager_interleaved(cell, cell.device, rep=100)
+    bench_cells._time_eager_interleaved(cell, cell.device)
     assert order[:6] == ["torch", "compile", "triton", "torch", "compile", "triton"]
     assert cell.times_ms == {"torch_eager_ms": 3.0, "compile_eager_ms": None, "triton_eager_ms": 8.0}
     assert cell.errors == {"compile_eager_ms": "RuntimeError: recompile limit"}
-    assert order.count("torch") == bench_cells.EAGER_ROUNDS
+    assert order.count("torch") == 5
 
 
 def test_the_cell_list_measures_each_cell_once_losing_cells_first() -> None:
