@@ -398,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tune", default="always", choices=TUNE_MODES, help="LOADBENCH_TUNE for the whole run")
     parser.add_argument("--cache-dir", help="tuning cache directory (emptied first); default: a fresh temporary one")
     parser.add_argument("--skip-tuning-phase", action="store_true")
+    parser.add_argument("--tune-only", action="store_true", help="the tuning phase alone: its one-time cost, no cells")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile baseline")
     parser.add_argument("--rep", type=int, default=100, help="do_bench / do_bench_cudagraph rep (ms)")
     parser.add_argument("--budget-s", type=float, default=500.0, help="start no configuration or cell after this many seconds")
@@ -442,11 +443,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"first-use tuning of the experiments' shapes: {total:.1f} s wall "
                   f"({launches.tuning_seconds():.1f} s in the tuner: compiling ahead and timing; the rest the steps "
                   f"and the chosen tiles' compiles); {launches.tuning_counts()}", flush=True)  # fmt: skip
-        todo = cell_list(args.batches, args.widths, args.precisions, args.activations)
+        todo = [] if args.tune_only else cell_list(args.batches, args.widths, args.precisions, args.activations)
         cells: list[CellResult] = []
         skipped: list[tuple[str, int, int, str]] = []
         failed: list[dict[str, Any]] = []
-        print(HEADER, flush=True)
+        if todo:
+            print(HEADER, flush=True)
         for precision, batch, width, activation in todo:
             if time.perf_counter() - started > args.budget_s:
                 skipped.append((precision, batch, width, activation))
@@ -475,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out["tuning_cache"] = json.load(handle)
         out["seconds"] = round(time.perf_counter() - started, 1)
         save()
-        for line in summary_lines(cells, skipped):
+        for line in summary_lines(cells, skipped) if not args.tune_only else []:
             print(line)
         for f in failed:
             print(f"failed: {f['precision']} {f['batch']}x{f['width']} {f['activation']}: {f['error']}")

@@ -622,3 +622,19 @@ def test_the_eager_path_steps_aside_for_dispatch_modes_and_fake_tensors() -> Non
         assert not op._eager(x, w, b)
     with FakeTensorMode() as mode:
         assert not op._eager(mode.from_tensor(x), w, b)
+
+
+def test_bench_cells_tune_only_reports_the_tuning_phase_and_no_cells(tmp_path, capsys) -> None:
+    """The one-time cost alone (--tune-only), here through the interpreter on the CPU."""
+    from kernels import bench_cells
+
+    out = tmp_path / "cells.json"
+    argv = ["--device", "cpu", "--tune-only", "--batches", "64", "--widths", "128", "--precisions", "fp32",
+            "--activations", "--cache-dir", str(tmp_path / "cache"), "--json", str(out)]  # fmt: skip
+    assert bench_cells.main(argv) == 0
+    result = json.loads(out.read_text())
+    # the experiments vary one axis around the centre: batch 64 at width 512, width 128 at batch 512
+    assert [(r["batch"], r["width"]) for r in result["tuning"]["rows"]] == [(64, 512), (512, 128)]
+    assert "cells" not in result and result["skipped"] == []
+    printed = capsys.readouterr().out
+    assert "first-use tuning" in printed and "geomean" not in printed
