@@ -106,6 +106,8 @@ def test_a_search_writes_the_front_as_table_figure_and_json(tmp_path, tiny, caps
     assert "no energy counter here" in summary["objectives_note"]  # the CPU's stated second objective
     front = [r for r in summary["trials"] if r["on_front"]]
     assert front and sorted(r["number"] for r in front) == sorted(summary["front"])
+    last = [line for line in out.splitlines() if line.startswith("search: trial ")][-1]
+    assert last.endswith(f"front {len(summary['front'])}")  # the progress line counts a repeated point once
     assert all(r["feasible"] for r in front)
     table = (tmp_path / "out" / "front.md").read_text()
     assert "## Front" in table and "| trial" in table and "batch-1 p99 latency (µs)" in table

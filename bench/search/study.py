@@ -286,7 +286,7 @@ class Progress:
             kind = trial.user_attrs.get("latency_kind", "?")
             accuracy = (trial.user_attrs.get("record") or {}).get("accuracy")
             acc = f"accuracy {accuracy:.4f}, " if isinstance(accuracy, (int, float)) else ""
-            front = len(study.best_trials)
+            front = sum("repeat_of" not in t.user_attrs for t in study.best_trials)  # a repeat is one point
             self.log(f"{head}: {shown} [{kind}], {acc}drop {drop:+.4f} {verdict}; {seconds:.1f} s; front {front}")
         elif trial.state == TrialState.PRUNED:
             self.failures_in_a_row = 0
