@@ -573,8 +573,11 @@ def time_launch(
 
 
 # Threads compiling candidates ahead of timing (Triton's AsyncCompileMode): compiling is
-# most of first-use tuning's cost, and ptxas, a separate process per kernel, and
-# Triton's passes run in parallel. Bounded so tuning does not swamp a shared host.
+# most of first-use tuning's cost, and ptxas, a separate process per kernel, runs in
+# parallel, and so do Triton 3.9's passes. With Triton 3.6 on a 16-core
+# H100 host, 8 and 16 threads took the same 16.9 s for the first fp32 configuration;
+# worker processes, each importing torch first, took longer (docs/results-h200.md).
+# Bounded so tuning does not swamp a shared host.
 COMPILE_THREADS = int(os.environ.get("LOADBENCH_TUNE_THREADS") or 8)
 
 
