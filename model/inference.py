@@ -8,14 +8,17 @@ callables on the test set; `evaluate` chains trained_model -> compress -> measur
 and states the accuracy drop and speed-up against the uncompressed model.
 
 Times are taken with `clock` (time.perf_counter by default) and a device sync at
-the edges of each call; tests plant a clock. What cannot be measured here (graph
+the end of each call, batch-1 latency with the garbage collector paused; tests plant a
+clock. What cannot be measured here (graph
 latency without CUDA, energy without NVML) is None, with the reason under
 ``unavailable``, never a zero.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import hashlib
 import io
 import json
@@ -144,7 +147,8 @@ def measure(
             for _ in range(LATENCY_WARMUP["cuda" if cuda else "cpu"]):
                 call()
             timer = latency_timer if (latency_timer is not None and runner is primary) else own_timer
-            return timer(call, calls)
+            with collector_paused():
+                return timer(call, calls)
 
         eager_samples = timed(eager1)
         graph_samples = timed(graph1) if graph1 is not None else None
@@ -190,6 +194,19 @@ def measure(
         "notes": notes,
         "unavailable": unavailable,
     }
+
+
+@contextlib.contextmanager
+def collector_paused():  # type: ignore[no-untyped-def]
+    """Python's garbage collector off while batch-1 latency is timed, as timeit runs:
+    a collection landing inside a call of some 20 us would count as serving latency."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def round_p99s(samples: Sequence[float], rounds: int = LATENCY_ROUNDS) -> list[float]:

@@ -4,6 +4,8 @@ and the inference budgets and p99 compare as pure checks."""
 
 from __future__ import annotations
 
+import gc
+
 import itertools
 from pathlib import Path
 
@@ -87,6 +89,18 @@ def test_measure_reads_a_planted_energy_counter(data):
                      energy_mj=lambda: next(readings))  # fmt: skip
     assert result["energy_j_per_1k"] == pytest.approx(2.0)  # 2 mJ x 1000 = 2 J per 1,000
     assert "energy_j_per_1k" not in result["unavailable"]
+
+
+def test_latency_is_timed_with_the_garbage_collector_paused(data):
+    seen = []
+
+    def timer(call, count):
+        seen.append(gc.isenabled())
+        return [5e-6] * count
+
+    assert gc.isenabled()
+    measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1), latency_timer=timer)
+    assert seen == [False] and gc.isenabled()  # paused for the timer, back on after
 
 
 def test_measure_through_a_latency_timer(data):
