@@ -30,6 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_plan import cdiv
+from kernels.launch_plan import next_power_of_2
+
 ROWS_PER_PROGRAM = 1024
 TILE = 2048  # elements per loop iteration: BLOCK_ROWS x BLOCK_C
 MAX_CLASSES = TILE
@@ -69,10 +72,10 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch
     """The mean loss (fp32, 0-dim) and d loss / d logits (the logits' dtype), one launch."""
     logits = logits.contiguous()
     B, C = logits.shape
-    programs = triton.cdiv(B, ROWS_PER_PROGRAM)
+    programs = cdiv(B, ROWS_PER_PROGRAM)
     loss = (torch.zeros if programs > 1 else torch.empty)((), device=logits.device, dtype=torch.float32)
     dx = torch.empty_like(logits)
-    block_c = triton.next_power_of_2(C)
+    block_c = next_power_of_2(C)
     _cross_entropy_kernel[(programs,)](
         logits, target, loss, dx, B, C, 1.0 / B,
         ROWS=ROWS_PER_PROGRAM, BLOCK_ROWS=max(1, TILE // block_c), BLOCK_C=block_c, ATOMIC=programs > 1,

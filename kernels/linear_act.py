@@ -85,6 +85,7 @@ from kernels.launch_plan import SILU
 from kernels.launch_plan import SUM_BLOCK
 from kernels.launch_plan import _CLASS_OF
 from kernels.launch_plan import _precision
+from kernels.launch_plan import cdiv
 from kernels.launches import _plan
 from kernels.launches import use_launch_code
 
@@ -453,7 +454,7 @@ def _backward(
         # before their dot), and db from fp32 dZ.
         dz = torch.empty((M, N), device=x.device, dtype=x.dtype)
         launch(
-            _act_grad_kernel, (triton.cdiv(N, GRAD_BLOCK[1]),),
+            _act_grad_kernel, (cdiv(N, GRAD_BLOCK[1]),),
             dy, saved, dz, db, M, N, *dy.stride(), *dz.stride(), LEAKY_SLOPE,
             ACTIVATION=activation, BLOCK_M=GRAD_BLOCK[0], BLOCK_N=GRAD_BLOCK[1],
         )  # fmt: skip

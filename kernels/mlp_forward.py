@@ -47,6 +47,8 @@ import triton.language as tl
 from kernels import direct_launch
 from kernels.linear_act import LEAKY_SLOPE
 from kernels.linear_act import _epilogue
+from kernels.launch_plan import cdiv
+from kernels.launch_plan import next_power_of_2
 
 MAX_LAYERS = 6  # the study's deepest MLP: 5 hidden blocks and the head
 MAX_ROWS = 16
@@ -215,10 +217,10 @@ def tile(rows: int, widths: list[int], programs_max: int) -> Tile:
     `programs_max` programs; the whole reduction in one step where the product tile
     stays within FIT_TILE (then each program's W strip is loaded before the barrier),
     else a step filling MAX_TILE."""
-    block_m = triton.next_power_of_2(rows)
-    widest, deepest = max(widths[1:]), triton.next_power_of_2(max(widths[:-1]))
-    block_n = max(2, min(64, triton.next_power_of_2(triton.cdiv(widest, programs_max))))
-    programs = max(1, min(programs_max, triton.cdiv(widest, block_n)))
+    block_m = next_power_of_2(rows)
+    widest, deepest = max(widths[1:]), next_power_of_2(max(widths[:-1]))
+    block_n = max(2, min(64, next_power_of_2(cdiv(widest, programs_max))))
+    programs = max(1, min(programs_max, cdiv(widest, block_n)))
     if block_m * block_n * max(16, deepest) <= FIT_TILE and programs * block_n >= widest:
         return Tile(programs, block_m, block_n, max(16, deepest), True)
     block_k = max(16, min(deepest, MAX_TILE // (block_m * block_n)))

@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_plan import cdiv
+
 BLOCK = 2048  # elements per program: 278 programs for the 569k-parameter optimal MLP
 NUM_WARPS = 4
 ALIGN = 32  # each parameter's slice starts on a 128-byte boundary; the gaps stay zero
@@ -181,7 +183,7 @@ class FlatOptimizer(torch.optim.Optimizer):
             raise ValueError("FlatOptimizer: expects parameters on one device")
         self._offsets = [0]
         for p in self._params:
-            self._offsets.append(self._offsets[-1] + triton.cdiv(p.numel(), ALIGN) * ALIGN)
+            self._offsets.append(self._offsets[-1] + cdiv(p.numel(), ALIGN) * ALIGN)
         flat = torch.nn.Parameter(torch.zeros(self._offsets[-1], device=self._params[0].device))
         flat.grad = torch.zeros_like(flat)
         with torch.no_grad():
@@ -190,7 +192,7 @@ class FlatOptimizer(torch.optim.Optimizer):
                 p.data = view
         super().__init__([flat], {**DEFAULTS[algorithm], **settings})
         self.algorithm = algorithm
-        state = {"step": torch.zeros(triton.cdiv(flat.numel(), BLOCK), device=flat.device)}
+        state = {"step": torch.zeros(cdiv(flat.numel(), BLOCK), device=flat.device)}
         state.update({name: torch.zeros_like(flat) for name in STATE[algorithm]})
         self.state[flat] = state
         self.zero_grad()
