@@ -9,9 +9,8 @@ and states the accuracy drop and speed-up against the uncompressed model.
 
 Times are taken with `clock` (time.perf_counter by default) and a device sync at
 the end of each call, batch-1 latency with the garbage collector paused; tests plant a
-clock. What cannot be measured here (graph
-latency without CUDA, energy without NVML) is None, with the reason under
-``unavailable``, never a zero.
+clock. What cannot be measured here (graph latency without CUDA, energy without NVML)
+is None, with the reason under ``unavailable``, never a zero.
 """
 
 from __future__ import annotations
