@@ -22,10 +22,10 @@ one forward + backward of the MLP (3 hidden blocks, head, loss gradient) per bat
 width x precision with leaky_relu, and every activation at 512 x 512, timed for eager
 torch, torch.compile and our kernels, eagerly (do_bench, in EAGER_ROUNDS rounds of
 EAGER_ROUND_MS taking the implementations in turn, the median round each) and replayed
-from CUDA graphs (do_bench_cudagraph). A cell the tuning phase did not cover tunes on its untimed
-warm-up step. A failing baseline (torch.compile on one cell, say) is recorded and the
-cell goes on without it. The cells the issue names as losing come first, so a time
-limit cuts the others.
+from CUDA graphs (do_bench_cudagraph). A cell the tuning phase did not cover tunes on
+its untimed warm-up step. A failing baseline (torch.compile on one cell, say) is
+recorded and the cell goes on without it. The cells the issue names as losing come
+first, so a time limit cuts the others. --tune-only stops after the tuning phase.
 
 Prints one line per cell as it finishes and a compact table at the end: our time
 under graphs, each baseline's, the speedup over the best baseline (< 0.95 is a losing
@@ -477,8 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out["tuning_cache"] = json.load(handle)
         out["seconds"] = round(time.perf_counter() - started, 1)
         save()
-        for line in summary_lines(cells, skipped) if not args.tune_only else []:
-            print(line)
+        if not args.tune_only:
+            print("\n".join(summary_lines(cells, skipped)))
         for f in failed:
             print(f"failed: {f['precision']} {f['batch']}x{f['width']} {f['activation']}: {f['error']}")
         print(f"{out['seconds']:.0f} s in all; results in {args.json}")
