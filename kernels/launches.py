@@ -13,7 +13,7 @@ order:
 2. 'cache': the per-user cache of tiles tuned on first use (kernels/tuning_cache.py),
    keyed by GPU model and the Triton and torch versions;
 3. 'tuned': on the first eager call of a shape class neither covers, the candidates
-   (split-K and the cuBLAS route included) are compiled at once on a thread pool,
+   (split-K and the cuBLAS route included) are compiled at once (forked workers),
    each is timed briefly from a CUDA graph, the few fastest are timed again properly
    and the fastest of those is used and stored in the cache, with a progress line on
    stderr (`kernels.tune --dry-run` counts what that costs);
@@ -572,12 +572,12 @@ def time_launch(
         return timer(lambda: backward(dy, saved, x, w, act, kernel == "dx", prec, cls, launch))
 
 
-# Threads compiling candidates ahead of timing (Triton's AsyncCompileMode): compiling is
-# most of first-use tuning's cost, and ptxas, a separate process per kernel, runs in
-# parallel, and so do Triton 3.9's passes. With Triton 3.6 on a 16-core
-# H100 host, 8 and 16 threads took the same 16.9 s for the first fp32 configuration;
-# worker processes, each importing torch first, took longer (docs/results-h200.md).
-# Bounded so tuning does not swamp a shared host.
+# Compiling candidates ahead of timing (Triton's AsyncCompileMode) is most of first-use
+# tuning's cost. With Triton 3.6 on a 16-core H100 host, 8 and 16 threads took the same
+# 16.9 s for the first fp32 configuration: the compiles share the GIL. So they run in
+# forked worker processes where the machine has the cores (kernels/compile_pool.py;
+# LOADBENCH_COMPILE_PROCESSES, 0 for threads only), these threads loading what the
+# workers compiled. Bounded so tuning does not swamp a shared host.
 COMPILE_THREADS = int(os.environ.get("LOADBENCH_TUNE_THREADS") or 8)
 
 
@@ -587,21 +587,24 @@ def precompile(
 ) -> int:  # fmt: skip
     """Compile every candidate's kernels for layer (M, N, K) at once, before any is
     timed: the same code path as a call, with each launch replaced by Triton's
-    `warmup` (compile, no launch) under AsyncCompileMode, so the compiles run on a
-    thread pool. Returns the number of candidates handed to it; 0 where Triton has no
-    AsyncCompileMode or runs its interpreter. A candidate that fails to compile here
-    fails again, and is skipped, when it is timed."""
+    `warmup` (compile, no launch) under AsyncCompileMode, so the compiles run in
+    forked workers or on threads (kernels/compile_pool.py). Returns the number of
+    candidates handed to it; 0 where Triton has no AsyncCompileMode or runs its
+    interpreter. A candidate that fails to compile here fails again, and is skipped,
+    when it is timed."""
     mode = getattr(triton, "AsyncCompileMode", None)
     if mode is None or os.environ.get("TRITON_INTERPRET") == "1" or not cfgs:
         return 0
-    from concurrent.futures import ThreadPoolExecutor
+    from kernels.compile_pool import CompileExecutor
+    from kernels.compile_pool import processes_for
 
     act = ACTIVATIONS[activation]
     forward, backward, _ = _op_code()
     prec, cls = _precision(dtype), _CLASS_OF[act]
     workers = max(1, min(threads or COMPILE_THREADS, os.cpu_count() or 1, len(cfgs)))
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), ThreadPoolExecutor(workers) as pool:
+    pool = CompileExecutor(processes_for(None) if device.type == "cuda" else 0, workers)
+    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), pool:
         x, w, b = _layer_tensors(m, n, k, dtype, device)
         y = torch.empty((m, n), device=device, dtype=dtype)
         try:
