@@ -168,7 +168,10 @@ class CellResult:
         return dict(Counter(t["source"] for t in self.tiles))
 
     def routes(self) -> dict[str, int]:
-        return dict(Counter(t["route"] for t in self.tiles if t["route"] != "triton"))
+        """Non-default routes by count; a cuBLAS-route kernel whose uncaptured calls take
+        a fused finalist (kernels/launches.py, "Eager calls") as 'cublas+epilogue/eager triton'."""
+        named = (t["route"] + (f"/eager {t['eager']['route']}" if "eager" in t else "") for t in self.tiles)
+        return dict(Counter(r for r in named if r != "triton"))
 
     def record(self) -> dict[str, Any]:
         """The cell as bench extra_info and the --json file hold it."""

@@ -317,6 +317,9 @@ class _Plan:
     splits: int = 1  # dw: split-K slices in use (never an empty one)
     m_per_split: int = 0  # dw: batch rows per slice
     sum_grid: tuple = ()  # dw with splits > 1: the partial-sum kernel's grid
+    # A cuBLAS-route plan's fused alternative for calls no graph captures, where the host
+    # bounds the step (kernels/launches.py, "Eager calls"); None: the same plan always.
+    eager: _Plan | None = None
 
     @property
     def programs(self) -> int:

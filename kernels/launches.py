@@ -25,6 +25,18 @@ order:
 Table and cache are keyed by `launch_plan.shape_key`. LOADBENCH_TUNE=off|cache|always
 picks the policy (kernels/tuning_cache.py).
 
+Eager calls. Tuning times kernels from CUDA graphs, GPU time alone; an eager step of
+the MLP is bound by the host instead (on the GPU hosts measured, an eager forward +
+backward took 1.2-2 ms of Python against 0.1-0.8 ms of GPU work). There the cuBLAS route
+costs about one more torch call per kernel than the fused kernel (the GEMM's own call,
+the transpose, dZ's buffer), and at width 2048 the eager step ran 0.70-0.81x eager
+torch's on it. So a kernel whose tuning picked the cuBLAS route keeps its fastest fused
+finalist as `_Plan.eager` where the GPU time that gives up is below what one torch call
+costs this host (`host_call_ms`, measured once per process); calls that no CUDA graph
+captures launch that, graphs and torch.compile the tuned winner. The report names it
+('eager'). Kernels resolved from the committed table, which keeps no finalists' times,
+or first met during a capture, have none.
+
 Timing (`time_launch`) and compiling ahead (`precompile`) run the op's own launch code,
 which kernels/linear_act.py hands over when it loads (`use_launch_code`): it imports
 this module for its plans, so this module does not import it.
@@ -49,6 +61,7 @@ import triton
 
 from kernels import tuning_cache
 from kernels.launch_plan import ACTIVATIONS
+from kernels.launch_plan import CUBLAS
 from kernels.launch_plan import GEMV
 from kernels.launch_plan import KEY_FORMAT
 from kernels.launch_plan import SILU
@@ -118,6 +131,17 @@ def _why_not_now(like: torch.Tensor) -> str | None:
     return None
 
 
+def fused_second(finalists: list[LaunchConfig], ms: list[float]) -> tuple[LaunchConfig, float] | None:
+    """Where the fastest finalist is the cuBLAS route: the fastest fused-kernel finalist
+    and the ms per call it is slower by; None otherwise."""
+    if not finalists or len(ms) != len(finalists) or finalists[0].backend != CUBLAS:
+        return None
+    for cfg, t in zip(finalists, ms):
+        if cfg.backend == TRITON:
+            return cfg, t - ms[0]
+    return None
+
+
 class _Launches:
     """Where this process's launch configurations come from: the mode, the committed
     table and the per-user cache (each read once), the tuner, and the report."""
@@ -130,6 +154,7 @@ class _Launches:
         measure: Measure | None = None,
         sm_count: int | None = None,
         prepare: Prepare | None = None,
+        host_call_ms: float | None = None,
     ) -> None:
         self.mode = tuning_cache.tune_mode_from_env(os.environ.get("LOADBENCH_TUNE") if mode is None else mode)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else tuning_cache.cache_dir()
@@ -142,6 +167,10 @@ class _Launches:
         self._sm_count = sm_count
         self._tuned: dict[tuple[str, str], LaunchConfig] = {}  # (gpu, key): tuned in this process
         self._finalists: dict[tuple[str, str], list[LaunchConfig]] = {}  # (gpu, key): fastest first
+        # (gpu, key) of a cuBLAS-route winner: its fastest fused finalist and the ms it gives up
+        self._fused_second: dict[tuple[str, str], tuple[LaunchConfig, float]] = {}
+        self._host_call_ms = host_call_ms  # None: measured per device on first need
+        self._host_calls: dict[torch.device, float] = {}
         self.report: dict[tuple, dict[str, Any]] = {}
         self.tuning_seconds = 0.0
         self.tuning_counts = {"shapes": 0, "candidates": 0, "quick": 0, "full": 0, "compiled": 0}
@@ -303,6 +332,9 @@ class _Launches:
             return None, "no tuning candidate ran"
         best_ms, best = ranked_full[0][0], cands[ranked_full[0][1]]
         self._finalists[gpu, key] = [cands[i] for _, i in ranked_full]
+        second = fused_second(self._finalists[gpu, key], [ms for ms, _ in ranked_full])
+        if second is not None:
+            self._fused_second[gpu, key] = second
         heuristic_ms = full.get(0)  # candidate 0 is the heuristic's tile
         versus = f"heuristic {heuristic_ms * 1000:.1f} us" if heuristic_ms is not None else "heuristic not a finalist or failed"
         print(f" -> {best.describe()}: {best_ms * 1000:.1f} us ({versus}) in {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -317,6 +349,7 @@ class _Launches:
             "candidates": len(cands),
             "seeded_from": SEED_CLASSES.get(act_class) if seeds is not None else None,
             "finalists": [dataclasses.asdict(cands[i]) for _, i in ranked_full],  # fastest first
+            "finalists_ms": [ms for ms, _ in ranked_full],
             "failed": sum(t is None for t in (quick or full).values()),
             "compiled_ahead": compiled,
             "seconds": round(seconds, 3),
@@ -355,14 +388,53 @@ class _Launches:
 
     def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> _Plan:
         dtype, device = like.dtype, like.device
-        cfg, source, note, final = self.resolve(
-            kernel, rows, cols, red, dtype, device, _why_not_now(like), precision, act_class
-        )
+        busy = _why_not_now(like)
+        cfg, source, note, final = self.resolve(kernel, rows, cols, red, dtype, device, busy, precision, act_class)
         plan = _make_plan(kernel, rows, cols, red, cfg)
+        if cfg.backend == CUBLAS and busy is None:
+            second = self.fused_second(device, shape_key(kernel, rows, cols, red, dtype, precision, act_class), source)
+            if second is not None and second[1] < self.host_call_ms(device):
+                plan = dataclasses.replace(plan, eager=_make_plan(kernel, rows, cols, red, second[0]))
         self.record(kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class)
         if final:
             _PLANS[(kernel, rows, cols, red, dtype, device, precision, act_class)] = plan
         return plan
+
+    def fused_second(self, device: torch.device, key: str, source: str) -> tuple[LaunchConfig, float] | None:
+        """A cuBLAS-route winner's fastest fused finalist and the ms it gives up: from
+        this process's tuning, or from the cache entry it came from."""
+        gpu = self.model(device)
+        if (gpu, key) in self._fused_second or source != "cache":
+            return self._fused_second.get((gpu, key))
+        entry = self.cache(gpu).get(key) or {}
+        try:
+            found = fused_second([LaunchConfig.from_dict(c) for c in entry["finalists"]], entry["finalists_ms"])
+        except (ValueError, TypeError, KeyError):  # an older entry: no finalists' times kept
+            found = None
+        if found is not None:
+            self._fused_second[gpu, key] = found
+        return found
+
+    def host_call_ms(self, device: torch.device) -> float:
+        """What one small torch call from Python costs this host (a 16 x 16 torch.mm:
+        median of five rounds of 50), measured once per device; 0 where nothing runs
+        on a GPU (the cuBLAS route never runs there by tuning)."""
+        if self._host_call_ms is not None:
+            return self._host_call_ms
+        if device.type != "cuda":
+            return 0.0
+        if device not in self._host_calls:
+            a = torch.zeros(16, 16, device=device)
+            rounds = []
+            for _ in range(6):  # the first warms up
+                torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                for _ in range(50):
+                    torch.mm(a, a)
+                torch.cuda.synchronize(device)
+                rounds.append((time.perf_counter() - start) * 1000 / 50)
+            self._host_calls[device] = sorted(rounds[1:])[2]
+        return self._host_calls[device]
 
     def record(self, kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class) -> None:  # type: ignore[no-untyped-def]
         cfg = plan.cfg
@@ -381,6 +453,13 @@ class _Launches:
         }
         if note:
             entry["note"] = note
+        if plan.eager is not None:
+            eager_cfg = plan.eager.cfg
+            entry["eager"] = {
+                "route": f"triton split-K {plan.eager.splits}" if plan.eager.splits > 1 else "triton",
+                "config": dataclasses.asdict(eager_cfg),
+                "why": "uncaptured calls: the fused finalist gives up less GPU time than a torch call costs this host",
+            }
         slot = (kernel, rows, cols, red, dtype, str(device), precision, act_class)
         earlier = self.report.get(slot)
         if earlier is not None and earlier.get("deferred"):

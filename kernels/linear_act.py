@@ -39,7 +39,9 @@ Four routes, chosen per kernel and shape by the launch configuration:
 - 'cublas' ("cublas+epilogue"): torch.mm (cuBLAS) for the GEMM and a small Triton
   kernel for what the fused kernel does around it: bias + activation after the
   forward GEMM, dZ = act'(.) and the compensated db before the backward GEMMs. For
-  the shapes where cuBLAS's GEMM is measured faster than ours.
+  the shapes where cuBLAS's GEMM is measured faster than ours. Its plan may carry a
+  fused alternative for calls no CUDA graph captures, where the host, not the GPU,
+  bounds the step (kernels/launches.py, "Eager calls").
 - 'gemv', forward only, at most 16 rows (serving): products on the FMA units, many
   narrow programs, the same epilogue; one launch per layer where the cuBLAS route
   takes two (a GEMV and the epilogue).
@@ -391,6 +393,11 @@ def _launch_traceable(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     wrap_triton(fn)[grid](*args, **kwargs)
 
 
+def _uncaptured(t: torch.Tensor) -> bool:
+    """Whether a call on `t`'s device runs now, not into a CUDA graph being captured."""
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 # Eagerly, outside any trace: the compiled kernel's launcher, Triton's binding done once
 # per launch signature (kernels/direct_launch.py). Bound by name, not wrapped: a wrapper
 # would pack and unpack the twenty-odd arguments of every launch once more.
@@ -405,6 +412,8 @@ def _forward(
     M, K = x.shape
     N = w.shape[0]
     plan = _plan("fwd", M, N, K, x, precision, act_class)
+    if plan.eager is not None and launch is not _launch_traceable and _uncaptured(x):
+        plan = plan.eager  # the host bounds an uncaptured call: the fused kernel (kernels/launches.py)
     cfg, save_z = plan.cfg, activation == SILU
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if cfg.backend == CUBLAS:
@@ -447,6 +456,9 @@ def _backward(
     N = w.shape[0]
     dw_plan = _plan("dw", N, K, M, x, precision, act_class)
     dx_plan = _plan("dx", M, K, N, x, precision, act_class) if input_grad else None
+    if launch is not _launch_traceable and (dw_plan.eager or (dx_plan and dx_plan.eager)) and _uncaptured(x):
+        dw_plan = dw_plan.eager or dw_plan
+        dx_plan = dx_plan and (dx_plan.eager or dx_plan)
     db = torch.empty((N,), device=w.device, dtype=w.dtype)
     dz = None
     if dw_plan.cfg.backend == CUBLAS or (dx_plan is not None and dx_plan.cfg.backend == CUBLAS):

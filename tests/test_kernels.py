@@ -585,6 +585,36 @@ def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
     assert not any(e.get("note") for e in launches.launch_report())  # nothing fell back
 
 
+@gpu
+@needs_gpu
+def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalist(launches, tmp_path, monkeypatch) -> None:
+    """A kernel tuned to the cuBLAS route with a fused finalist close behind: eager
+    calls launch the fused kernel, a CUDA graph captured from the same code the cuBLAS
+    route (the GPU-time winner), and both give the right answer."""
+    from kernels import launch_plan as plan
+    from kernels import linear_act as op
+
+    def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
+        rows_cols_red = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}[kernel]
+        return 1.0 if cfg.backend == "cublas" else 1.001 if cfg == plan.heuristic_config(*rows_cols_red, dtype) else 5.0
+
+    torch.set_float32_matmul_precision("highest")
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, host_call_ms=0.01)
+    names: list[str] = []
+    real = op._launch_direct
+    monkeypatch.setattr(op, "_launch_direct", lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
+    x, w, b, _ = inputs(256, 128, 128, torch.float32)
+    eager_y = linear_act(x, w, b, "leaky_relu")
+    assert names == ["_forward_kernel"]
+    names.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = linear_act(x, w, b, "leaky_relu")
+    graph.replay()
+    assert names == ["_bias_act_kernel"]
+    torch.testing.assert_close(static_y, eager_y, rtol=1e-5, atol=1e-5)
+
+
 def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_path) -> None:
     """kernels.tune writes the tuned entries, split-K and the cuBLAS route included, in
     key format 2; a run reads them back as the table and launches those routes."""

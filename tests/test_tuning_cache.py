@@ -638,3 +638,92 @@ def test_bench_cells_tune_only_reports_the_tuning_phase_and_no_cells(tmp_path, c
     assert "cells" not in result and result["skipped"] == []
     printed = capsys.readouterr().out
     assert "first-use tuning" in printed and "geomean" not in printed
+
+
+# -------------------------------------------------- eager calls of a cuBLAS winner
+
+
+def cublas_first(gap_ms: float):
+    """Timing where the cuBLAS route wins every kernel, the heuristic's fused tile is
+    `gap_ms` slower, everything else far slower."""
+
+    def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
+        if cfg.backend == "cublas":
+            return 1.0
+        return 1.0 + gap_ms if cfg == launch_plan.heuristic_config(*_rcr(kernel, m, n, k), dtype) else 5.0
+
+    return measure
+
+
+def _rcr(kernel, m, n, k):
+    return {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}[kernel]
+
+
+def launched_kernels(monkeypatch) -> list[str]:
+    """The names of the kernels the eager path launches from here on."""
+    names: list[str] = []
+    real = op._launch_direct
+
+    def spy(fn, grid, *args, **kwargs):
+        names.append(getattr(getattr(fn, "fn", fn), "__name__", str(fn)))
+        return real(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(op, "_launch_direct", spy)
+    return names
+
+
+def test_a_cublas_winner_keeps_its_fused_finalist_for_uncaptured_calls(tmp_path, monkeypatch) -> None:
+    """Eagerly the host bounds the step: a kernel that tuning sent to cuBLAS runs its
+    fastest fused finalist where that gives up less GPU time than a torch call costs
+    the host; the report says so, the results stay right, a later run reads it back."""
+    cache = tmp_path / "cache"
+    launches.reset_launch_state(cache_dir=cache, measure=cublas_first(0.004), sm_count=132, host_call_ms=0.01)
+    names = launched_kernels(monkeypatch)
+    x, w, b = layer()
+    got = train_step(x, w, b)
+    assert {"_forward_kernel", "_weight_grad_kernel", "_input_grad_kernel"} <= set(names)
+    assert not {"_bias_act_kernel", "_act_grad_kernel"} & set(names)  # the cuBLAS route's kernels
+    report = {e["kernel"]: e for e in launches.launch_report()}
+    assert {k: e["route"] for k, e in report.items()} == {k: "cublas+epilogue" for k in ("fwd", "dw", "dx")}
+    assert {k: e["eager"]["route"] for k, e in report.items()} == {k: "triton" for k in ("fwd", "dw", "dx")}
+    ref = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = torch.nn.functional.leaky_relu(torch.nn.functional.linear(*ref), 0.01)
+    y.sum().backward()
+    for g, e in zip(got, [y.detach()] + [t.grad for t in ref]):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+
+    launches.reset_launch_state(cache_dir=cache, measure=refuse, sm_count=132, host_call_ms=0.01)  # a later run
+    names.clear()
+    train_step(x, w, b)
+    assert sources() == {"fwd": "cache", "dw": "cache", "dx": "cache"}
+    assert all("eager" in e for e in launches.launch_report()) and "_bias_act_kernel" not in names
+
+
+def test_the_op_path_keeps_the_tuned_winner(tmp_path, monkeypatch) -> None:
+    """What torch.compile traces and CUDA graphs capture runs the GPU-time winner."""
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(0.004), sm_count=132, host_call_ms=0.01)
+    train_step(*layer())  # tunes
+    names: list[str] = []
+    real = op._launch_traceable
+    monkeypatch.setattr(op, "_launch_traceable", lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
+    x, w, b = layer()
+    y, _ = torch.ops.loadbench.linear_act_fwd(x, w, b, launch_plan.ACTIVATIONS["leaky_relu"])
+    torch.ops.loadbench.linear_act_bwd(torch.ones_like(y), y, x, w, launch_plan.ACTIVATIONS["leaky_relu"], True)
+    assert names == ["_bias_act_kernel", "_act_grad_kernel"]
+
+
+@pytest.mark.parametrize("gap_ms, host_ms", [(0.02, 0.01), (0.004, 0.0)], ids=["gap-above-a-host-call", "no-host-cost"])
+def test_no_fused_finalist_where_it_gives_up_more_than_a_host_call(tmp_path, monkeypatch, gap_ms, host_ms) -> None:
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(gap_ms), sm_count=132, host_call_ms=host_ms)
+    names = launched_kernels(monkeypatch)
+    train_step(*layer())
+    assert {"_bias_act_kernel", "_act_grad_kernel"} <= set(names)
+    assert not any("eager" in e for e in launches.launch_report())
+
+
+def test_fused_second_reads_only_a_cublas_winner() -> None:
+    fused, cublas = LaunchConfig(16, 32, 16, 4, 3), LaunchConfig(16, 32, 16, 4, 3, backend="cublas")
+    assert launches.fused_second([cublas, fused], [1.0, 1.5]) == (fused, 0.5)
+    assert launches.fused_second([fused, cublas], [1.0, 1.5]) is None  # the fused kernel won
+    assert launches.fused_second([cublas], [1.0]) is None  # no fused finalist
+    assert launches.fused_second([cublas, fused], [1.0]) is None  # an entry without every time
