@@ -69,6 +69,7 @@ wiring are ours.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -398,6 +399,25 @@ def _uncaptured(t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+_BLAS_READY = threading.local()
+
+
+def _fused_instead_of_cublas(t: torch.Tensor) -> None:
+    """Before an uncaptured call runs a cuBLAS-route kernel's fused finalist: make sure
+    this thread has its cuBLAS handle. A capture of the same code later takes the cuBLAS
+    route, and cuBLAS cannot create a handle inside a capture (CUBLAS_STATUS_NOT_
+    INITIALIZED); handles are per thread, and autograd runs the backward in its own."""
+    if not t.is_cuda:
+        return
+    ready = getattr(_BLAS_READY, "devices", None)
+    if ready is None:
+        ready = _BLAS_READY.devices = set()
+    if t.device.index not in ready:
+        with torch.cuda.device(t.device):
+            torch.cuda.current_blas_handle()
+        ready.add(t.device.index)
+
+
 # Eagerly, outside any trace: the compiled kernel's launcher, Triton's binding done once
 # per launch signature (kernels/direct_launch.py). Bound by name, not wrapped: a wrapper
 # would pack and unpack the twenty-odd arguments of every launch once more.
@@ -413,6 +433,7 @@ def _forward(
     N = w.shape[0]
     plan = _plan("fwd", M, N, K, x, precision, act_class)
     if plan.eager is not None and launch is not _launch_traceable and _uncaptured(x):
+        _fused_instead_of_cublas(x)
         plan = plan.eager  # the host bounds an uncaptured call: the fused kernel (kernels/launches.py)
     cfg, save_z = plan.cfg, activation == SILU
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
@@ -457,6 +478,7 @@ def _backward(
     dw_plan = _plan("dw", N, K, M, x, precision, act_class)
     dx_plan = _plan("dx", M, K, N, x, precision, act_class) if input_grad else None
     if launch is not _launch_traceable and (dw_plan.eager or (dx_plan and dx_plan.eager)) and _uncaptured(x):
+        _fused_instead_of_cublas(x)
         dw_plan = dw_plan.eager or dw_plan
         dx_plan = dx_plan and (dx_plan.eager or dx_plan)
     db = torch.empty((N,), device=w.device, dtype=w.dtype)

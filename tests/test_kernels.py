@@ -588,9 +588,11 @@ def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
 @gpu
 @needs_gpu
 def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalist(launches, tmp_path, monkeypatch) -> None:
-    """A kernel tuned to the cuBLAS route with a fused finalist close behind: eager
-    calls launch the fused kernel, a CUDA graph captured from the same code the cuBLAS
-    route (the GPU-time winner), and both give the right answer."""
+    """Kernels tuned to the cuBLAS route with a fused finalist close behind: eager calls
+    (forward, and backward on autograd's thread) launch the fused kernels, a CUDA graph
+    captured from the same code after a warm-up the cuBLAS route (the GPU-time
+    winner), whose handles the eager calls made ready (none may be created inside a
+    capture), and both give the same answer."""
     from kernels import launch_plan as plan
     from kernels import linear_act as op
 
@@ -599,19 +601,28 @@ def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalis
         return 1.0 if cfg.backend == "cublas" else 1.001 if cfg == plan.heuristic_config(*rows_cols_red, dtype) else 5.0
 
     torch.set_float32_matmul_precision("highest")
-    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, host_call_ms=0.01)
+    # no committed table: on a GPU it has (an H100) the table would decide the tiles
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", tables={}, measure=measure, host_call_ms=0.01)
     names: list[str] = []
     real = op._launch_direct
     monkeypatch.setattr(op, "_launch_direct", lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
-    x, w, b, _ = inputs(256, 128, 128, torch.float32)
-    eager_y = linear_act(x, w, b, "leaky_relu")
-    assert names == ["_forward_kernel"]
+    x, w, b, dy = (t.requires_grad_(i < 3) for i, t in enumerate(inputs(256, 128, 128, torch.float32)))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up torch's CUDA-graph notes ask for
+        for _ in range(2):
+            eager_y = linear_act(x, w, b, "leaky_relu")
+            eager_y.backward(dy)
+    torch.cuda.current_stream().wait_stream(side)
+    assert names == ["_forward_kernel", "_weight_grad_kernel", "_input_grad_kernel"] * 2, names
     names.clear()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_y = linear_act(x, w, b, "leaky_relu")
+        static_y.backward(dy)
     graph.replay()
-    assert names == ["_bias_act_kernel"]
+    report = [(e["kernel"], e["route"], e.get("eager", {}).get("route"), e.get("note")) for e in launches.launch_report()]
+    assert names == ["_bias_act_kernel", "_act_grad_kernel"], (names, report)
     torch.testing.assert_close(static_y, eager_y, rtol=1e-5, atol=1e-5)
 
 
