@@ -124,7 +124,7 @@ def test_serving(benchmark, request, case: Case, variant: str, impl: str) -> Non
             result = evaluate(
                 config, VARIANTS[variant], data, options.device, profile=options.profile.name,
                 cache_dir=model_cache_dir(request.config), impl=impl,
-                latency_timer=pedantic_timer(benchmark), energy_mj=energy,
+                latency_timer=pedantic_timer(benchmark), energy_mj=energy, latency_quiet=monitor.paused,
             )  # fmt: skip
     except Unsupported as exc:
         pytest.skip(str(exc))

@@ -83,6 +83,7 @@ def measure(
     clock: Callable[[], float] = time.perf_counter,
     latency_timer: LatencyTimer | None = None,
     energy_mj: Callable[[], float | None] | None = None,
+    latency_quiet: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> dict[str, object]:
     """Latency (batch 1), throughput (`batches`), energy per 1,000 inferences and the
     accuracy and macro-F1 of `model` run through `impl` ('torch' eager, 'compile'
@@ -93,7 +94,10 @@ def measure(
 
     `latency_timer` times the primary latency mode (the graph where there is one, else
     eager) instead of the own loop: the benchmark passes pytest-benchmark's pedantic
-    there. `energy_mj` reads a cumulative energy counter (default: NVML's, on a GPU)."""
+    there. `energy_mj` reads a cumulative energy counter (default: NVML's, on a GPU).
+    `latency_quiet` is entered around each batch-1 latency loop, besides the garbage
+    collector's pause: the benchmark passes its load monitor's `paused`, whose readings
+    would otherwise take the GIL from calls being timed."""
     device = torch.device(device)
     _check_measure_args(impl, latency_calls, batches)
     cuda = device.type == "cuda"
@@ -146,7 +150,7 @@ def measure(
             for _ in range(LATENCY_WARMUP["cuda" if cuda else "cpu"]):
                 call()
             timer = latency_timer if (latency_timer is not None and runner is primary) else own_timer
-            with collector_paused():
+            with collector_paused(), (latency_quiet() if latency_quiet is not None else contextlib.nullcontext()):
                 return timer(call, calls)
 
         eager_samples = timed(eager1)

@@ -4,6 +4,8 @@ and the inference budgets and p99 compare as pure checks."""
 
 from __future__ import annotations
 
+import contextlib
+
 import gc
 
 import itertools
@@ -101,6 +103,27 @@ def test_latency_is_timed_with_the_garbage_collector_paused(data):
     assert gc.isenabled()
     measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1), latency_timer=timer)
     assert seen == [False] and gc.isenabled()  # paused for the timer, back on after
+
+
+def test_latency_is_timed_inside_the_quiet_context_it_is_given(data):
+    """The benchmark hands its load monitor's `paused`: every batch-1 loop (eager and,
+    on a GPU, graph) runs inside it, nothing else does."""
+    state = {"quiet": False, "entered": 0}
+    seen = []
+
+    @contextlib.contextmanager
+    def quiet():
+        state["quiet"], state["entered"] = True, state["entered"] + 1
+        yield
+        state["quiet"] = False
+
+    def timer(call, count):
+        seen.append(state["quiet"])
+        return [5e-6] * count
+
+    measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
+            latency_timer=timer, latency_quiet=quiet)  # fmt: skip
+    assert seen == [True] and state == {"quiet": False, "entered": 1}  # CPU: the eager loop only
 
 
 def test_measure_through_a_latency_timer(data):

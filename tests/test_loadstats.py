@@ -82,3 +82,26 @@ def test_series_writers_never_share_a_temporary_file(tmp_path) -> None:
     write_series(target, [{"t": 0.0, "cpu_process": 12.5}, {"t": 0.1, "cpu_process": None}])
     assert read_series(target)["cpu_process"][0] == 12.5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test_units_units-128.csv", "test_units_units-128.csv.partial"]
+
+
+def _wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the monitor thread never got there"
+        time.sleep(0.001)
+
+
+def test_no_reading_while_paused_and_the_gap_is_recorded() -> None:
+    """`paused` holds the sampler off (batch-1 latency is timed inside it); readings
+    resume after, and the summary says how long there were none."""
+    monitor = LoadMonitor(torch.device("cpu"), period=0.001, probe="no GPU in this test")
+    monitor.start()
+    _wait_until(lambda: len(monitor.samples) >= 2)
+    with monitor.paused():
+        held = len(monitor.samples)
+        time.sleep(0.05)  # some fifty periods
+        assert len(monitor.samples) == held
+    _wait_until(lambda: len(monitor.samples) > held)
+    monitor.stop()
+    assert monitor.paused_seconds >= 0.05
+    assert summarize_monitor(monitor, 1)["paused_s"] == monitor.paused_seconds

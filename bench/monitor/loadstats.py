@@ -139,4 +139,5 @@ def summarize_monitor(
     )
     # Where the summarized window lies in the monitor's span (seconds from its start); None: all of it.
     record["window"] = None if window is None else [window[0] - monitor.started, window[1] - monitor.started]
+    record["paused_s"] = monitor.paused_seconds  # no readings there (LoadMonitor.paused)
     return record

@@ -13,10 +13,12 @@ hence the thread here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,8 +236,10 @@ class LoadMonitor:
         self.energy_start_mj: float | None = None
         self.energy_stop_mj: float | None = None
         self.started = self.stopped = 0.0
+        self.paused_seconds = 0.0  # time `paused` held the sampler off
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sampling = threading.Lock()  # held by a reading, or by `paused`
 
     @property
     def gpu(self) -> GpuProbe | None:
@@ -268,10 +272,24 @@ class LoadMonitor:
     def _run(self, ready: threading.Event) -> None:
         ready.set()
         while not self._stop.wait(self.period):
-            begin = time.thread_time()
-            self.samples.append(self.sample())
-            self.busy_seconds += time.thread_time() - begin
+            with self._sampling:
+                begin = time.thread_time()
+                self.samples.append(self.sample())
+                self.busy_seconds += time.thread_time() - begin
         self.samples.append(self.sample())  # the tail after the last tick
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No reading inside (one under way finishes first): for timing that the
+        sampler's own Python work would disturb (batch-1 latency, where a reading's
+        NVML and psutil calls hold the GIL across several calls being timed). The load
+        series has a gap there; `paused_seconds` adds it up."""
+        with self._sampling:
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.paused_seconds += time.perf_counter() - start
 
     def stop(self) -> None:
         self._stop.set()
