@@ -686,6 +686,7 @@ def test_a_cublas_winner_keeps_its_fused_finalist_for_uncaptured_calls(tmp_path,
     report = {e["kernel"]: e for e in launches.launch_report()}
     assert {k: e["route"] for k, e in report.items()} == {k: "cublas+epilogue" for k in ("fwd", "dw", "dx")}
     assert {k: e["eager"]["route"] for k, e in report.items()} == {k: "triton" for k in ("fwd", "dw", "dx")}
+    assert {(e["eager"]["gives_up_us"], e["eager"]["host_call_us"]) for e in report.values()} == {(4.0, 10.0)}
     ref = [t.clone().requires_grad_() for t in (x, w, b)]
     y = torch.nn.functional.leaky_relu(torch.nn.functional.linear(*ref), 0.01)
     y.sum().backward()
