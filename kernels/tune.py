@@ -18,9 +18,9 @@ once.
 Tuning is first-use tuning's own (`launches._Launches.tune`): the candidates of
 `launch_plan.tuning_candidates` (tiles that fit the output and pass the occupancy
 rule, split-K for weight gradients that leave SMs idle, the cuBLAS route) compiled at
-once on a thread pool, each timed briefly from a CUDA graph, the fastest few timed
-again properly (here with more calls and replays than on first use: this table is
-committed). The table is keyed by the GPU's name, so tables of several GPU models live
+once in forked workers (kernels/compile_pool.py), each timed briefly from a CUDA graph,
+the fastest few timed again properly (here with more calls and replays than on first
+use: this table is committed). The table is keyed by the GPU's name, so tables of several GPU models live
 side by side, and wins over the per-user cache (kernels/tuning_cache.py). Its entries
 are the cache's (route included: split_k, backend), with their timings as evidence.
 
@@ -219,7 +219,7 @@ def print_dry_run(result: dict[str, Any]) -> None:
     for name, what in (
         ("shapes", "shapes tuned (before: every exact shape; now: one per shape class)"),
         ("candidates", "candidates"),
-        ("compiles", "distinct Triton compilations (estimate; now compiled ahead on a thread pool)"),
+        ("compiles", "distinct Triton compilations (estimate; now compiled ahead in forked workers)"),
         ("full", f"full timings ({launches.FULL_TIMING[0]} calls x {launches.FULL_TIMING[1]} replays)"),
         ("quick", f"quick timings ({launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays)"),
         ("executions", "kernel executions while timing"),
