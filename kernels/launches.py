@@ -34,8 +34,8 @@ torch's on it. So a kernel whose tuning picked the cuBLAS route keeps its fastes
 finalist as `_Plan.eager` where the GPU time that gives up is below what one torch call
 costs this host (`host_call_ms`, measured once per process); calls that no CUDA graph
 captures launch that, graphs and torch.compile the tuned winner. The report names it
-('eager'). Kernels resolved from the committed table, which keeps no finalists' times,
-or first met during a capture, have none.
+('eager'). The committed table keeps that finalist in its evidence (`kernels.tune`);
+table entries written before it, and kernels first met during a capture, have none.
 
 Timing (`time_launch`) and compiling ahead (`precompile`) run the op's own launch code,
 which kernels/linear_act.py hands over when it loads (`use_launch_code`): it imports
@@ -406,13 +406,18 @@ class _Launches:
 
     def fused_second(self, device: torch.device, key: str, source: str) -> tuple[LaunchConfig, float] | None:
         """A cuBLAS-route winner's fastest fused finalist and the ms it gives up: from
-        this process's tuning, or from the cache entry it came from."""
+        this process's tuning, the cache entry it came from, or the table's evidence
+        (kernels.tune keeps it there as 'eager')."""
         gpu = self.model(device)
-        if (gpu, key) in self._fused_second or source != "cache":
+        if (gpu, key) in self._fused_second or source not in ("cache", "table"):
             return self._fused_second.get((gpu, key))
-        entry = self.cache(gpu).get(key) or {}
         try:
-            found = fused_second([LaunchConfig.from_dict(c) for c in entry["finalists"]], entry["finalists_ms"])
+            if source == "table":
+                kept = (self._table_file or {})[gpu]["evidence"][key]["eager"]
+                found = LaunchConfig.from_dict(kept["config"]), float(kept["gives_up_ms"])
+            else:
+                entry = self.cache(gpu).get(key) or {}
+                found = fused_second([LaunchConfig.from_dict(c) for c in entry["finalists"]], entry["finalists_ms"])
         except (ValueError, TypeError, KeyError):  # an older entry: no finalists' times kept
             found = None
         if found is not None:

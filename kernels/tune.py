@@ -37,6 +37,7 @@ candidate timed fully, no occupancy rule, no class dedupe); it needs no GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -273,7 +274,7 @@ def write_table(
         f"{launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays, the fastest {launches.FINALISTS} and the "
         f"heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
         "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
-        "evidence": {key: {k: v for k, v in entry.items() if k not in NOT_EVIDENCE} for key, entry in sorted(measured.items())},
+        "evidence": {key: evidence(entry) for key, entry in sorted(measured.items())},
     }
     tmp = f"{path}.partial"
     with open(tmp, "w") as handle:
@@ -282,7 +283,22 @@ def write_table(
 
 
 # The config is the table's entry itself; the runners-up would triple the file's size.
-NOT_EVIDENCE = ("config", "finalists")
+NOT_EVIDENCE = ("config", "finalists", "finalists_ms")
+
+
+def evidence(entry: dict) -> dict:
+    """A tuned entry's evidence as the table keeps it: its timings and counts, and for a
+    cuBLAS-route winner the fused finalist eager calls take instead ('eager': config and
+    the ms per call it is slower by; kernels/launches.py, "Eager calls")."""
+    out = {k: v for k, v in entry.items() if k not in NOT_EVIDENCE}
+    try:
+        finalists = [LaunchConfig.from_dict(c) for c in entry.get("finalists", [])]
+        second = launches.fused_second(finalists, list(entry.get("finalists_ms", [])))
+    except (ValueError, TypeError):
+        second = None
+    if second is not None:
+        out["eager"] = {"config": dataclasses.asdict(second[0]), "gives_up_ms": second[1]}
+    return out
 FROM_CACHE_TIMING = "first-use tuning (kernels/tuning_cache.py), each entry's own: see its evidence's 'timing'"
 
 

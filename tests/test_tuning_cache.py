@@ -728,3 +728,37 @@ def test_fused_second_reads_only_a_cublas_winner() -> None:
     assert launches.fused_second([fused, cublas], [1.0, 1.5]) is None  # the fused kernel won
     assert launches.fused_second([cublas], [1.0]) is None  # no fused finalist
     assert launches.fused_second([cublas, fused], [1.0]) is None  # an entry without every time
+
+
+def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_path, monkeypatch) -> None:
+    """kernels.tune writes a cuBLAS winner's fastest fused finalist into the table's
+    evidence (not the other finalists); a run reading the table takes it eagerly."""
+    from kernels.tune import write_table
+
+    cublas = {**CONFIG, "backend": "cublas"}
+    fused = {**CONFIG, "block_c": 16}
+    shapes = {"fwd": (M, N, K), "dw": (N, K, M), "dx": (M, K, N)}
+    measured = {
+        key(kernel, *rcr): {"config": cublas, "ms": 0.010, "finalists": [cublas, CONFIG, fused], "finalists_ms": [0.010, 0.012, 0.013]}
+        for kernel, rcr in shapes.items()
+    }  # fmt: skip
+    path = tmp_path / "table.json"
+    write_table(str(path), "cpu", measured)
+    written = json.loads(path.read_text())
+    kept = written["cpu"]["evidence"][key("fwd", M, N, K)]
+    assert "finalists" not in kept and "finalists_ms" not in kept
+    assert kept["eager"]["config"]["block_c"] == CONFIG["block_c"] and kept["eager"]["gives_up_ms"] == pytest.approx(0.002)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", tables=written, measure=refuse, host_call_ms=0.005)
+    names = launched_kernels(monkeypatch)
+    train_step(*layer())
+    assert sources() == {"fwd": "table", "dw": "table", "dx": "table"}
+    assert {e["eager"]["route"] for e in launches.launch_report()} == {"triton"}
+    assert {"_forward_kernel", "_weight_grad_kernel", "_input_grad_kernel"} <= set(names) and "_bias_act_kernel" not in names
+
+
+def test_a_fused_winner_keeps_no_eager_finalist_in_the_table() -> None:
+    from kernels.tune import evidence
+
+    fused = {**CONFIG, "backend": "triton"}
+    entry = {"config": fused, "ms": 0.01, "finalists": [fused, {**CONFIG, "backend": "cublas"}], "finalists_ms": [0.01, 0.011]}
+    assert "eager" not in evidence(entry) and evidence({"config": fused, "ms": 0.01}) == {"ms": 0.01}
