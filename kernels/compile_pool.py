@@ -91,7 +91,6 @@ class _Workers:
     """`processes` forked workers, each fed by a thread of its own from one queue."""
 
     def __init__(self, processes: int) -> None:
-        self.size = processes
         self.tasks: queue.Queue = queue.Queue()
         self.workers = [_fork_worker() for _ in range(processes)]  # all forked before a feeder thread starts
         for worker in self.workers:
@@ -251,4 +250,3 @@ def processes_for(requested: int | None) -> int:
     if requested is None:
         return min(16, cores) if cores >= 4 else 0
     return max(0, requested)
-

@@ -171,7 +171,6 @@ class _Launches:
         self._fused_second: dict[tuple[str, str], tuple[LaunchConfig, float]] = {}
         self._host_call_ms = host_call_ms  # None: measured per device on first need
         self._host_calls: dict[torch.device, float] = {}
-        self._why_eager: dict[tuple, dict[str, float]] = {}  # plan key -> the two times compared
         self.report: dict[tuple, dict[str, Any]] = {}
         self.tuning_seconds = 0.0
         self.tuning_counts = {"shapes": 0, "candidates": 0, "quick": 0, "full": 0, "compiled": 0}
@@ -396,9 +395,6 @@ class _Launches:
             second = self.fused_second(device, shape_key(kernel, rows, cols, red, dtype, precision, act_class), source)
             if second is not None and second[1] < self.host_call_ms(device):
                 plan = dataclasses.replace(plan, eager=_make_plan(kernel, rows, cols, red, second[0]))
-                self._why_eager[kernel, rows, cols, red, dtype, device, precision, act_class] = {
-                    "gives_up_us": round(second[1] * 1000, 2), "host_call_us": round(self.host_call_ms(device) * 1000, 2),
-                }  # fmt: skip
         self.record(kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class)
         if final:
             _PLANS[(kernel, rows, cols, red, dtype, device, precision, act_class)] = plan
@@ -462,12 +458,13 @@ class _Launches:
         }
         if note:
             entry["note"] = note
-        if plan.eager is not None:
-            eager_cfg = plan.eager.cfg
-            entry["eager"] = {  # the fused finalist uncaptured calls run, and why
+        if plan.eager is not None:  # the fused finalist uncaptured calls run, and the two times compared
+            gives_up_ms = self._fused_second[self.model(device), entry["key"]][1]
+            entry["eager"] = {
                 "route": f"triton split-K {plan.eager.splits}" if plan.eager.splits > 1 else "triton",
-                "config": dataclasses.asdict(eager_cfg),
-                **self._why_eager.get((kernel, rows, cols, red, dtype, device, precision, act_class), {}),
+                "config": dataclasses.asdict(plan.eager.cfg),
+                "gives_up_us": round(gives_up_ms * 1000, 2),
+                "host_call_us": round(self.host_call_ms(device) * 1000, 2),
             }
         slot = (kernel, rows, cols, red, dtype, str(device), precision, act_class)
         earlier = self.report.get(slot)

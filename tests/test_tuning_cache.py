@@ -650,13 +650,14 @@ def cublas_first(gap_ms: float):
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
         if cfg.backend == "cublas":
             return 1.0
-        return 1.0 + gap_ms if cfg == launch_plan.heuristic_config(*_rcr(kernel, m, n, k), dtype) else 5.0
+        return 1.0 + gap_ms if cfg == launch_plan.heuristic_config(*_output_and_reduction(kernel, m, n, k), dtype) else 5.0
 
     return measure
 
 
-def _rcr(kernel, m, n, k):
-    return {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}[kernel]
+def _output_and_reduction(kernel, m, n, k):
+    """(rows, cols, reduction) of `kernel` for layer (M, N, K)."""
+    return {kn: shape for kn, *shape in launch_plan.kernel_shapes(m, n, k)}[kernel]
 
 
 def launched_kernels(monkeypatch) -> list[str]:
@@ -737,10 +738,9 @@ def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_pat
 
     cublas = {**CONFIG, "backend": "cublas"}
     fused = {**CONFIG, "block_c": 16}
-    shapes = {"fwd": (M, N, K), "dw": (N, K, M), "dx": (M, K, N)}
     measured = {
-        key(kernel, *rcr): {"config": cublas, "ms": 0.010, "finalists": [cublas, CONFIG, fused], "finalists_ms": [0.010, 0.012, 0.013]}
-        for kernel, rcr in shapes.items()
+        key(kernel, *shape): {"config": cublas, "ms": 0.010, "finalists": [cublas, CONFIG, fused], "finalists_ms": [0.010, 0.012, 0.013]}
+        for kernel, *shape in launch_plan.kernel_shapes(M, N, K)
     }  # fmt: skip
     path = tmp_path / "table.json"
     write_table(str(path), "cpu", measured)
