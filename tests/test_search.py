@@ -4,6 +4,7 @@ files and errors are tested without depending on how fast this machine is."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -16,18 +17,10 @@ optuna = pytest.importorskip("optuna", reason="the search needs optuna (pip inst
 from optuna.trial import TrialState  # noqa: E402
 
 from bench.search.cli import main
-from bench.search.objective import ENERGY
-from bench.search.objective import LATENCY
-from bench.search.space import Space
-from bench.search.space import SpaceError
-from bench.search.space import load_space
-from bench.search.space import preset_params
-from bench.search.study import SearchSettings
-from bench.search.study import answered
-from bench.search.study import run_search
-from model.compress import VARIANTS
-from model.compress import Compression
-from model.compress import Unsupported
+from bench.search.objective import ENERGY, LATENCY
+from bench.search.space import Space, SpaceError, load_space, preset_params
+from bench.search.study import SearchSettings, answered, run_search
+from model.compress import VARIANTS, Compression, Unsupported
 from model.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +130,60 @@ def test_the_sampler_seed_makes_the_search_repeatable(tmp_path, tiny) -> None:
         main(["--device", "cpu", "--out", str(tmp_path / str(i)), "--seed", "5", "--trials", "12", "--space", str(tiny)],
              evaluator=fake)  # fmt: skip
     assert fakes[0].calls == fakes[1].calls
+
+
+class Stuck(optuna.samplers.BaseSampler):
+    """A sampler that proposes one point forever: the first choice, the lowest value."""
+
+    def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
+        return {}
+
+    def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
+        return {}
+
+    def sample_independent(self, study, trial, name, distribution):  # type: ignore[no-untyped-def]
+        return distribution.choices[0] if hasattr(distribution, "choices") else distribution.low
+
+
+def test_a_repeat_queues_a_random_point_no_trial_holds_as_the_next_trial(tmp_path, tiny, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(optuna.samplers, "TPESampler", lambda **_: Stuck())  # a sampler that only repeats
+    fake = Fake()
+    assert search(tmp_path, "--trials", "16", "--space", str(tiny), fake=fake) == 0
+    trials = stored(tmp_path).get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    presets = [t for t in trials if "preset" in t.user_attrs]
+    searched = trials[len(presets):]
+    assert "repeat_of" in searched[0].user_attrs  # the stuck point is the fp32 preset
+    for before, trial in itertools.pairwise(searched):  # repeat, random, repeat, random, ...
+        assert ("repeat_of" in before.user_attrs) != ("repeat_of" in trial.user_attrs), trial.number
+        assert bool(trial.user_attrs.get("explored")) == ("repeat_of" in before.user_attrs), trial.number
+    explored = [t for t in searched if t.user_attrs.get("explored")]
+    points = [t.params for t in trials if "repeat_of" not in t.user_attrs]
+    assert len(explored) == len(searched) // 2 and len(points) == len(presets) + len(explored)
+    assert all(sum(p == q for q in points) == 1 for p in points)  # each measured once
+    assert len(fake.calls) == len(points)  # a repeat is answered without measuring
+    out = capsys.readouterr().out
+    assert "a point drawn at random is queued)" in out and "(drawn at random after a repeat)" in out
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert summary["counts"]["explored"] == len(explored) and summary["counts"]["settings"] == len(points)
+    assert f"{len(explored)} were drawn at random after a repeat" in (tmp_path / "out" / "front.md").read_text()
+
+
+def test_the_random_points_cover_the_space_and_keep_its_steps(tiny) -> None:
+    import random
+
+    from bench.search.space import PRUNE_STEP
+    from bench.search.space import random_point
+
+    space, rng = load_space(tiny), random.Random(0)
+    points = [random_point(rng, space, train_space=False) for _ in range(400)]
+    assert {p["sparsity"] for p in points} == set(space.sparsity) and {p["weights"] for p in points} == set(space.weights)
+    for p in points:
+        assert ("prune_fraction" in p) == (p["sparsity"] == "unstructured")
+        assert ("finetune_epochs" in p) == (p["sparsity"] != "dense")
+    fractions = {round(p["prune_fraction"], 9) for p in points if "prune_fraction" in p}
+    low, high = space.prune_fraction
+    assert fractions == {round(low + k * PRUNE_STEP, 9) for k in range(round((high - low) / PRUNE_STEP) + 1)}
+    assert [random_point(random.Random(0), space, False) for _ in range(3)] == [points[0]] * 3  # seeded
 
 
 def test_a_rerun_continues_the_study_to_the_new_total(tmp_path, tiny, capsys) -> None:

@@ -56,6 +56,7 @@ def trial_row(trial: FrozenTrial, keys: list[str], limit: float, front: set[int]
         "energy_j_per_1k": record.get("energy_j_per_1k"),
         "reason": trial.user_attrs.get("reason"),
         "repeat_of": trial.user_attrs.get("repeat_of"),
+        "explored": bool(trial.user_attrs.get("explored")),
         "duration_s": trial.duration.total_seconds() if trial.duration else None,
     }
 
@@ -69,6 +70,8 @@ def summarise(study: optuna.Study, settings: SearchSettings, skipped_presets: Ma
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]  # fmt: skip
     counts = {state: sum(r["state"] == state for r in rows) for state in ("complete", "pruned", "fail")}
     counts["repeats"] = sum(r["repeat_of"] is not None for r in rows)
+    counts["explored"] = sum(r["explored"] for r in rows)
+    counts["settings"] = sum(r["repeat_of"] is None for r in rows)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -175,7 +178,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
     counts = summary["counts"]
     lines += ["", f"{counts['complete']} trial(s) measured, {counts['pruned']} unsupported (pruned), "
               f"{counts['fail']} failed; {counts['repeats']} of them repeated an earlier trial's parameters "
-              "and took its answer.", ""]  # fmt: skip
+              f"and took its answer, {counts['explored']} were drawn at random after a repeat; "
+              f"{counts['settings']} distinct settings.", ""]  # fmt: skip
     headers = ["trial", "setting", "preset", *(f"{o['label']} ({o['unit']})" for o in objectives), "latency from",
                "accuracy", "drop"]  # fmt: skip
 

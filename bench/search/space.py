@@ -16,6 +16,7 @@ parameters (`preset_params`) so they enter the study as ordinary trials.
 from __future__ import annotations
 
 import dataclasses
+import random
 import sys
 from dataclasses import dataclass
 from dataclasses import field
@@ -218,6 +219,35 @@ def suggest(trial: optuna.Trial, space: Space, base: TrainConfig, train_space: b
     compression = Compression(weights=weights, sparsity=fraction, semi_structured=sparsity == "2:4",
                               finetune_epochs=finetune)  # fmt: skip
     return Setting(config, compression)
+
+
+class RandomDraw:
+    """Stands in for an optuna.Trial in `suggest`, drawing each value uniformly from its
+    range (on the range's steps) and keeping the parameters as Optuna would record them."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.params: dict[str, Any] = {}
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        self.params[name] = self.rng.choice(choices)
+        return self.params[name]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        self.params[name] = self.rng.randint(low, high)
+        return self.params[name]
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float) -> float:
+        self.params[name] = low + self.rng.randint(0, round((high - low) / step)) * step
+        return self.params[name]
+
+
+def random_point(rng: random.Random, space: Space, train_space: bool) -> dict[str, Any]:
+    """The parameters of one point of the space drawn at random, conditional parameters
+    included exactly where `suggest` asks for them."""
+    draw = RandomDraw(rng)
+    suggest(draw, space, TrainConfig(), train_space)  # type: ignore[arg-type]
+    return draw.params
 
 
 def preset_params(compression: Compression, space: Space, base: TrainConfig, train_space: bool) -> dict[str, Any] | str:
