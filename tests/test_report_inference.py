@@ -130,3 +130,44 @@ def test_training_and_serving_in_one_run_each_go_to_their_view(tmp_path) -> None
     Path(training).write_text(json.dumps(data))
     (run,), _ = load_runs([Path(training)])
     assert [b["extra_info"]["case"] for b in run.cases()] == ["blocks-3"] and len(run.inference_records()) == 12
+
+
+def test_the_inference_view_joins_the_serving_runs_of_the_newest_commit(tmp_path) -> None:
+    """A matrix served a configuration at a time: the runs of one commit and GPU make one
+    view, a case served twice shows its newer record, another commit stays out."""
+    from bench.tools.report import serving_records
+
+    data = json.loads(RUN.read_text())
+
+    def run_file(name: str, commit: str, when: str, case: str | None, first_accuracy: float | None = None) -> Path:
+        copied = copy.deepcopy(data)
+        copied["commit_info"]["id"], copied["datetime"] = commit, when
+        for i, bench in enumerate(copied["benchmarks"]):
+            if first_accuracy is not None and i == 0:
+                bench["extra_info"]["accuracy"] = first_accuracy  # the same case as in the first run
+            elif case is not None:
+                bench["extra_info"]["case"] = case
+        path = tmp_path / name
+        path.write_text(json.dumps(copied))
+        return path
+
+    first = run_file("a.json", "aaaa111", "2026-01-02T03:00:00", None)
+    second = run_file("b.json", "aaaa111", "2026-01-02T04:00:00", "units-1024", first_accuracy=0.5)
+    other = run_file("c.json", "bbbb222", "2026-01-01T00:00:00", "act-silu")
+    runs, _ = load_runs([first, second, other])
+    records = serving_records(runs)
+    original = json.loads(RUN.read_text())["benchmarks"][0]["extra_info"]
+    key = lambda r: (r["case"], r["variant"], r["impl"])  # noqa: E731
+    expected = {key(r) for run in runs[1:] for r in run.inference_records()}  # the two runs of aaaa111
+    assert sorted(map(key, records)) == sorted(expected) and len(expected) > 12
+    assert not any(r["case"] == "act-silu" for r in records)
+    same = [r for r in records if key(r) == key(original)]
+    assert [r["accuracy"] for r in same] == [0.5]  # the newer run's record
+    written, _ = build_report([first, second, other], tmp_path / "r")
+    assert [p.name for p in written] == ["inference.png"]
+    unknown = run_file("d.json", "aaaa111", "2026-01-03T00:00:00", "batch-64")
+    raw = json.loads(unknown.read_text())
+    raw.pop("commit_info")
+    unknown.write_text(json.dumps(raw))
+    runs, _ = load_runs([first, second, unknown])
+    assert {r["case"] for r in serving_records(runs)} == {"batch-64"}  # alone: no commit to join by

@@ -7,8 +7,8 @@
 
 Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
 line per value, smoothed), ``pareto.png``, ``inference.png`` (accuracy against batch-1
-p99 latency and against energy per 1,000 inferences of the newest run holding serving
-records) and ``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
+p99 latency and against energy per 1,000 inferences of the serving records of the
+newest serving run's commit and GPU model, from every run given that shares both) and ``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
 ``history.html`` (interactive, drawn by
 bench.tools.history with Plotly; self-contained: plotly.js embedded) and ``summary.md``
 (fit for a CI job summary). The tables, figures and Pareto view describe the newest
@@ -226,7 +226,7 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     found = load_searches(searches, warnings)
     if not runs and not serving and not found:
         raise ReportError(nothing_to_report(paths, warnings))
-    inference = inference_views(serving[-1] if serving else None, found)
+    inference = inference_views(serving_records(serving), found)
     written = [write_atomic(out / name, image) for name, image in inference.items()]
     if not runs:  # serving records or searches only: their views are the report
         return written, warnings
@@ -255,7 +255,7 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     return written, warnings
 
 
-INFERENCE_TITLES = {"inference.png": "Inference view: accuracy against p99 latency and energy (newest run with serving cases)"}
+INFERENCE_TITLES = {"inference.png": "Inference view: accuracy against p99 latency and energy (the newest serving commit's runs)"}
 
 
 def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, Any]]:
@@ -277,15 +277,31 @@ def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, 
     return found
 
 
-def inference_views(run: Run | None, searches: list[dict[str, Any]]) -> dict[str, bytes]:
-    """inference.png from a run's serving records, search-<study>.png per search; nothing
-    where there is neither (a training-only report has no inference view)."""
+def serving_records(serving: list[Run]) -> list[dict[str, Any]]:
+    """The serving records of the newest serving run's commit and GPU model, from every
+    run given that shares both: a serving matrix is run a configuration, a shard or a
+    GPU at a time. A case served twice shows its newest record. A run of an unknown
+    commit stands alone, since nothing says which runs belong with it."""
+    if not serving:
+        return []
+    newest = serving[-1]
+    together = [r for r in serving if r.commit == newest.commit and r.gpu == newest.gpu and r.commit != "unknown"]
+    records: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for run in together or [newest]:  # oldest first: a newer record of a case replaces it
+        for record in run.inference_records():
+            records[(str(record.get("case")), str(record.get("variant")), str(record.get("impl")))] = record
+    return sorted(records.values(), key=lambda r: study_order(str(r.get("case", ""))))
+
+
+def inference_views(records: list[dict[str, Any]], searches: list[dict[str, Any]]) -> dict[str, bytes]:
+    """inference.png from serving records, search-<study>.png per search; nothing where
+    there is neither (a training-only report has no inference view)."""
     from bench.tools.figures import inference_figure
     from bench.tools.figures import search_figure
 
     out = {}
-    if run is not None:
-        out["inference.png"] = png(inference_figure(run.inference_records()))
+    if records:
+        out["inference.png"] = png(inference_figure(records))
     for data in searches:
         study = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(data.get("study") or "search"))
         out[f"search-{study}.png"] = png(search_figure(data))
