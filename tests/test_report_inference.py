@@ -8,6 +8,7 @@ import copy
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from matplotlib.text import Text
 
@@ -157,7 +158,10 @@ def test_the_inference_view_joins_the_serving_runs_of_the_newest_commit(tmp_path
     runs, _ = load_runs([first, second, other])
     records = serving_records(runs)
     original = json.loads(RUN.read_text())["benchmarks"][0]["extra_info"]
-    key = lambda r: (r["case"], r["variant"], r["impl"])  # noqa: E731
+
+    def key(r: dict[str, Any]) -> tuple[str, str, str]:
+        return (r["case"], r["variant"], r["impl"])
+
     expected = {key(r) for run in runs[1:] for r in run.inference_records()}  # the two runs of aaaa111
     assert sorted(map(key, records)) == sorted(expected) and len(expected) > 12
     assert not any(r["case"] == "act-silu" for r in records)
