@@ -100,7 +100,7 @@ def test_report_from_serving_records_and_a_search_alone(tmp_path, capsys) -> Non
     out = tmp_path / "reports"
     assert report_main([str(RUN), "--search", str(SEARCH), "--out", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert names == {"inference.png", "search-golden.png"}  # no training cases: no tables or history
+    assert names == {"inference.png", "serving.md", "search-golden.png"}  # no training cases: no tables or history
     assert "skipped" not in capsys.readouterr().err
 
 
@@ -108,7 +108,7 @@ def test_report_skips_a_bad_search_file_with_a_warning(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"benchmarks": []}))
     written, warnings = build_report([RUN], tmp_path / "r", searches=[bad, tmp_path / "none.json"])
-    assert [p.name for p in written] == ["inference.png"]
+    assert [p.name for p in written] == ["inference.png", "serving.md"]
     assert f"skipped {bad}: not a search result of python -m bench.search" in warnings
     assert f"skipped {tmp_path / 'none.json'}: no such file" in warnings
 
@@ -168,10 +168,34 @@ def test_the_inference_view_joins_the_serving_runs_of_the_newest_commit(tmp_path
     same = [r for r in records if key(r) == key(original)]
     assert [r["accuracy"] for r in same] == [0.5]  # the newer run's record
     written, _ = build_report([first, second, other], tmp_path / "r")
-    assert [p.name for p in written] == ["inference.png"]
+    assert [p.name for p in written] == ["inference.png", "serving.md"]
+    assert "| units-1024 " in (tmp_path / "r" / "serving.md").read_text()  # both runs in the table too
     unknown = run_file("d.json", "aaaa111", "2026-01-03T00:00:00", "batch-64")
     raw = json.loads(unknown.read_text())
     raw.pop("commit_info")
     unknown.write_text(json.dumps(raw))
     runs, _ = load_runs([first, second, unknown])
     assert {r["case"] for r in serving_records(runs)} == {"batch-64"}  # alone: no commit to join by
+
+
+def test_the_serving_table_has_a_row_per_configuration_and_names_the_best_variant() -> None:
+    from bench.tools.serving import serving_markdown
+    from bench.tools.serving import serving_rows
+
+    (run,), _ = load_runs([RUN])
+    records = run.inference_records()
+    rows = {row[0]: row for row in serving_rows(records)}
+    assert list(rows) == ["blocks-3", "units-128", "units-2048"]  # the study's order
+    blocks = rows["blocks-3"]
+    assert blocks[1] == "22.4 / 28.0 (graph)" and blocks[2] == blocks[3] == "n/a"  # torch only in this run
+    assert blocks[4] == "9.0 M at 4096"
+    # int8-dynamic is fastest within a point (drop 0.4); prune-90 (drop 4.1 points) is not eligible
+    assert blocks[5:8] == ["int8-dynamic torch", "2.10x", "+0.40"] and blocks[8] == "600.00 / 350.00"
+    assert serving_rows(records, max_drop=0.002)[0][5] == "bf16 torch"  # a tighter limit: drop 0.1 point only
+    eager = [dict(r, latency_graph_s=None, energy_j_per_1k=None) for r in records]
+    row = serving_rows(eager)[0]
+    assert row[1] == "84.0 / 112.0 (eager)" and row[8] == "n/a / n/a"  # never a zero for what was not measured
+    none = serving_rows([dict(r, accuracy_drop=None) for r in records])[0]
+    assert none[5] == "none within the limit"
+    text = serving_markdown(records, "NVIDIA H100 80GB HBM3, commit 01234567")
+    assert text.startswith("# Serving: NVIDIA H100 80GB HBM3") and "12 serving records" in text

@@ -8,7 +8,8 @@
 Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
 line per value, smoothed), ``pareto.png``, ``inference.png`` (accuracy against batch-1
 p99 latency and against energy per 1,000 inferences of the serving records of the
-newest serving run's commit and GPU model, from every run given that shares both) and ``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
+newest serving run's commit and GPU model, from every run given that shares both) with
+``serving.md`` (their table, a row per configuration: bench.tools.serving) and ``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
 ``history.html`` (interactive, drawn by
 bench.tools.history with Plotly; self-contained: plotly.js embedded) and ``summary.md``
 (fit for a CI job summary). The tables, figures and Pareto view describe the newest
@@ -48,6 +49,7 @@ from bench.tools.runs import Run
 from bench.tools.runs import by_gpu
 from bench.tools.runs import find_run_files
 from bench.tools.runs import load_runs
+from bench.tools.serving import serving_markdown
 from model.files import write_atomic
 from bench.monitor.series import read_series
 from bench.plugin.summary import COLUMNS
@@ -226,8 +228,12 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     found = load_searches(searches, warnings)
     if not runs and not serving and not found:
         raise ReportError(nothing_to_report(paths, warnings))
-    inference = inference_views(serving_records(serving), found)
+    records = serving_records(serving)
+    inference = inference_views(records, found)
     written = [write_atomic(out / name, image) for name, image in inference.items()]
+    if records:
+        title = f"{serving[-1].gpu}, commit {serving[-1].commit}"
+        written.append(write_atomic(out / "serving.md", serving_markdown(records, title)))
     if not runs:  # serving records or searches only: their views are the report
         return written, warnings
     budgets = Budgets.load(budgets_path)
