@@ -9,7 +9,8 @@ Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, 
 line per value, smoothed), ``pareto.png``, ``inference.png`` (accuracy against batch-1
 p99 latency and against energy per 1,000 inferences of the serving records of the
 newest serving run's commit and GPU model, from every run given that shares both) with
-``serving.md`` (their table, a row per configuration: bench.tools.serving) and ``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
+``serving.md`` (their table, a row per configuration: bench.tools.serving),
+``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
 ``history.html`` (interactive, drawn by
 bench.tools.history with Plotly; self-contained: plotly.js embedded) and ``summary.md``
 (fit for a CI job summary). The tables, figures and Pareto view describe the newest
