@@ -441,3 +441,46 @@ def test_the_record_names_the_card_a_run_was_made_on(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     assert session.gpu_info == {"name": "NVIDIA H200", "uuid": "GPU-1234", "memory_total_mib": 143771,
                                 "driver": "580.159.04", "power_limit_w": 700.0, "gpm": True, "capability": "9.0"}  # fmt: skip
+
+
+KILL_SECOND = """
+import os
+from model.train import Trainer
+
+_fit = Trainer.fit
+
+def killed(self, *args, **kwargs):
+    if getattr(self.config, "depth", None) == 3:
+        os._exit(137)  # as a time limit's SIGKILL: no hook, no finaliser runs
+    return _fit(self, *args, **kwargs)
+
+Trainer.fit = killed
+"""
+
+
+def test_a_killed_run_keeps_its_finished_cases_beside_the_json(bench, pytester) -> None:
+    from bench.tools.runs import load_runs
+
+    pytester.makeconftest(CONFTEST + KILL_SECOND)
+    result = bench("--benchmark-json=out.json", budgets="")
+    assert result.ret == 137
+    assert not (pytester.path / "out.json").is_file() or (pytester.path / "out.json").stat().st_size == 0
+    partial = pytester.path / "out.partial.json"
+    (run,), warnings = load_runs([partial])  # a run file like any other: report, compare and merge read it
+    assert not warnings and [b["name"] for b in run.benchmarks] == ["test_small"]
+    assert run.benchmarks[0]["extra_info"]["case"] == "blocks-2" and run.benchmarks[0]["stats"]["data"]
+
+
+def test_a_finished_run_leaves_no_partial_file(bench, pytester) -> None:
+    bench("--benchmark-json=out.json", budgets="").assert_outcomes(passed=2)
+    assert json.loads((pytester.path / "out.json").read_text())["benchmarks"]
+    assert not (pytester.path / "out.partial.json").exists()
+    assert not list(pytester.path.glob(".out.partial.json.*"))  # no temporary left behind
+
+
+def test_a_partial_file_that_cannot_be_written_is_a_warning_not_a_failure(bench, pytester) -> None:
+    (pytester.path / "out.partial.json").mkdir()  # the rename onto it fails
+    result = bench("--benchmark-json=out.json", budgets="")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(["*mlp-loadbench: cannot keep the run so far in *out.partial.json: *"])
+    assert len(json.loads((pytester.path / "out.json").read_text())["benchmarks"]) == 2  # the run is saved as usual

@@ -28,6 +28,7 @@ from bench.plugin.compare import load_history
 from bench.plugin.compare import make_baseline
 from bench.plugin.compare import read_run
 from bench.plugin.options import Options
+from bench.plugin.partial import PartialRun
 from bench.tools.shards import assign
 from bench.tools.shards import durations_of
 from bench.tools.shards import unit_of
@@ -72,6 +73,7 @@ class LoadBenchSession:
         self.shared: dict[str, Any] = {}  # measurements later cases of the session compare with
         self._dataset: Dataset | None = None
         self.interrupted: list[str] = []  # cases left out of the saved run by an interrupt
+        self.partial = PartialRun(config)  # the run so far, beside --benchmark-json
         self.started = datetime.datetime.now(datetime.timezone.utc)
 
     # ------------------------------------------------------------- facts
@@ -269,6 +271,10 @@ class LoadBenchSession:
                 bs.benchmarks[:] = [bench for bench in bs.benchmarks if bench]
         return (yield)
 
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        """After each test, teardown included: the run so far beside --benchmark-json."""
+        self.partial.write()
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from bench.plugin.summary import render_summary
 
@@ -290,6 +296,7 @@ class LoadBenchSession:
             )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.partial.finish()
         if isinstance(self.probe, GpuProbe):
             self.probe.close()
         self.caches.close()

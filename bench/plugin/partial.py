@@ -1,0 +1,93 @@
+"""A run file rewritten after every test while the session runs, so a run cut short by
+a time limit or a killed process keeps every case it finished.
+
+pytest-benchmark writes ``--benchmark-json PATH`` once, at the end of the session; a
+GPU matrix on a CI runner or a lent machine with a time limit can lose tens of minutes
+of cases to one kill. With ``--benchmark-json run.json`` this writes ``run.partial.json``
+beside it after each test that added a benchmark, through pytest-benchmark's own JSON
+hooks (the same content the final file gets, so the report, compare and merge read
+it), and removes it once the final file is written. pytest-benchmark has no such
+option, hence this module.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_benchmark.utils import safe_dumps
+
+from model.files import write_atomic
+
+SUFFIX = ".partial.json"
+
+
+def partial_path(json_path: Path) -> Path:
+    """run.json -> run.partial.json"""
+    return json_path.with_name(json_path.stem + SUFFIX)
+
+
+def json_target(benchmarksession: Any) -> Path | None:
+    """--benchmark-json's path: a Path in pytest-benchmark 5, an open file before."""
+    target = getattr(benchmarksession, "json", None)
+    if not target:
+        return None
+    return Path(getattr(target, "name", target))
+
+
+class PartialRun:
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.written = 0  # benchmarks in the file last written
+        self.infos: tuple[dict[str, Any], dict[str, Any]] | None = None  # machine_info, commit_info
+        self.broken = False  # a write failed: said once, not tried again
+
+    @property
+    def session(self) -> Any:
+        return getattr(self.config, "_benchmarksession", None)
+
+    @property
+    def path(self) -> Path | None:
+        bs = self.session
+        if bs is None or getattr(bs, "disabled", False):
+            return None
+        target = json_target(bs)
+        return partial_path(target) if target is not None else None
+
+    def write(self) -> Path | None:
+        """Rewrite the partial file where a benchmark finished since the last write. A
+        failure to write it is a warning, never the end of the session."""
+        path = self.path
+        finished = [bench for bench in self.session.benchmarks if bench] if path is not None else []
+        if path is None or self.broken or len(finished) == self.written:
+            return None
+        try:
+            return self._write(path, finished)
+        except Exception as exc:  # a full disk, a hook of another plugin: the run itself goes on
+            self.broken = True
+            warnings.warn(pytest.PytestWarning(f"mlp-loadbench: cannot keep the run so far in {path}: "
+                                               f"{type(exc).__name__}: {exc}"), stacklevel=1)  # fmt: skip
+            return None
+
+    def _write(self, path: Path, finished: list[Any]) -> Path:
+        hook = self.config.hook
+        if self.infos is None:  # git and the machine do not change within a session
+            commit_info = hook.pytest_benchmark_generate_commit_info(config=self.config)
+            hook.pytest_benchmark_update_commit_info(config=self.config, commit_info=commit_info)
+            self.infos = (self.session.get_machine_info(), commit_info)
+        machine_info, commit_info = self.infos
+        output = hook.pytest_benchmark_generate_json(config=self.config, benchmarks=finished, include_data=True,
+                                                     machine_info=machine_info, commit_info=commit_info)  # fmt: skip
+        hook.pytest_benchmark_update_json(config=self.config, benchmarks=finished, output_json=output)
+        write_atomic(path, safe_dumps(output, ensure_ascii=True, indent=4))  # as pytest-benchmark's save_json
+        self.written = len(finished)
+        return path
+
+    def finish(self) -> None:
+        """Remove the partial file once pytest-benchmark has written the whole run."""
+        path = self.path
+        target = json_target(self.session) if path is not None else None
+        if path is not None and path.is_file() and target is not None and target.is_file() and target.stat().st_size > 0:
+            path.unlink()
