@@ -255,6 +255,15 @@ def dropped(run: dict, case_id: str) -> dict:
 AA = {"aa-01.json": make_run(0), "aa-02.json": make_run(1)}
 
 
+def test_a_killed_runs_partial_file_is_passed_over(tmp_path) -> None:
+    """aa-03.partial.json: what a killed run finished (bench/plugin/partial.py); the
+    campaign runs aa-03 again, so the folder still reads as the two complete runs."""
+    from bench.tools.selftest import run_files
+
+    folder = write_runs(tmp_path / "c", {**AA, "aa-03.partial.json": dropped(make_run(2), "blocks-2")})
+    assert [p.name for p in run_files(folder)] == ["aa-01.json", "aa-02.json"]
+
+
 @pytest.mark.parametrize(
     ("files", "message"),
     [

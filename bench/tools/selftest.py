@@ -99,6 +99,7 @@ from bench.plugin.compare import read_run
 from bench.plugin.compare import time_limit
 from bench.plugin.compare import time_samples
 from bench.plugin.options import DEFAULT_BUDGETS
+from bench.plugin.partial import SUFFIX as PARTIAL_SUFFIX
 from model.files import write_atomic
 
 FORMULA = (
@@ -166,7 +167,9 @@ def run_files(folder: Path) -> list[Path]:
     passed over, but a JSON named like a run file that does not parse as one is an error."""
     if not folder.is_dir():
         raise SelftestError(f"{folder}: no such directory")
-    paths = sorted(folder.glob("*.json"))
+    # run.partial.json: the cases a killed run finished (bench/plugin/partial.py); the
+    # campaign runs that run again whole
+    paths = sorted(p for p in folder.glob("*.json") if not p.name.endswith(PARTIAL_SUFFIX))
     for path in paths:
         if path.name.startswith(("aa-", "plant")) and classify(path.name) is None:
             raise SelftestError(f"{path}: not a self-test run name; use aa-NN.json or plantX-NN.json "
