@@ -484,3 +484,39 @@ def test_a_partial_file_that_cannot_be_written_is_a_warning_not_a_failure(bench,
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(["*mlp-loadbench: cannot keep the run so far in *out.partial.json: *"])
     assert len(json.loads((pytester.path / "out.json").read_text())["benchmarks"]) == 2  # the run is saved as usual
+
+
+def test_the_partial_file_is_written_at_most_every_interval_and_by_its_cost(tmp_path, monkeypatch) -> None:
+    """Planted time: a write after the first finished case, none within MIN_INTERVAL_S,
+    none within COST_FACTOR times the last write's cost."""
+    from types import SimpleNamespace
+
+    from bench.plugin import partial
+
+    now = [100.0]
+    monkeypatch.setattr(partial.time, "monotonic", lambda: now[0])
+    hook = SimpleNamespace(
+        pytest_benchmark_generate_commit_info=lambda config: {"id": "abc"},
+        pytest_benchmark_update_commit_info=lambda config, commit_info: None,
+        pytest_benchmark_generate_json=lambda config, benchmarks, include_data, machine_info, commit_info: {
+            "benchmarks": [str(b) for b in benchmarks], "machine_info": machine_info, "commit_info": commit_info},
+        pytest_benchmark_update_json=lambda config, benchmarks, output_json: None,
+    )  # fmt: skip
+    session = SimpleNamespace(benchmarks=[], json=tmp_path / "run.json", disabled=False, get_machine_info=dict)
+    run = partial.PartialRun(SimpleNamespace(hook=hook, _benchmarksession=session))
+    written = tmp_path / "run.partial.json"
+
+    def finish_case(name: str, after_s: float) -> list[str] | None:
+        session.benchmarks.append(name)
+        now[0] += after_s
+        return json.loads(written.read_text())["benchmarks"] if run.write() else None
+
+    assert finish_case("a", 1.0) == ["a"]  # the first finished case is kept at once
+    assert finish_case("b", partial.MIN_INTERVAL_S - 1) is None
+    assert finish_case("c", 1.0) == ["a", "b", "c"]
+    run.last_cost_s = 1.0  # a write that took a second waits COST_FACTOR seconds
+    assert finish_case("d", partial.MIN_INTERVAL_S + 1) is None
+    assert finish_case("e", partial.COST_FACTOR) == ["a", "b", "c", "d", "e"]
+    session.json.write_text("{}")  # pytest-benchmark wrote the whole run
+    run.finish()
+    assert not written.exists()

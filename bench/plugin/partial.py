@@ -1,17 +1,19 @@
-"""A run file rewritten after every test while the session runs, so a run cut short by
-a time limit or a killed process keeps every case it finished.
+"""A run file rewritten while the session runs, so a run cut short by a time limit or a
+killed process keeps the cases it finished.
 
 pytest-benchmark writes ``--benchmark-json PATH`` once, at the end of the session; a
 GPU matrix on a CI runner or a lent machine with a time limit can lose tens of minutes
 of cases to one kill. With ``--benchmark-json run.json`` this writes ``run.partial.json``
-beside it after each test that added a benchmark, through pytest-benchmark's own JSON
-hooks (the same content the final file gets, so the report, compare and merge read
-it), and removes it once the final file is written. pytest-benchmark has no such
-option, hence this module.
+beside it after a test that added a benchmark (at most every MIN_INTERVAL_S), through
+pytest-benchmark's own JSON hooks and encoder (the content the final file gets, so the
+report, compare and merge read it), and removes it once the final file is written.
+pytest-benchmark has no such option, hence this module.
 """
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,11 @@ from pytest_benchmark.utils import safe_dumps
 from model.files import write_atomic
 
 SUFFIX = ".partial.json"
+# The file holds every finished case with its samples, so each write costs more than the
+# last (a whole serving matrix in one process reaches tens of MB): write at most every
+# MIN_INTERVAL_S, and so that writing takes at most 1/COST_FACTOR of the session.
+MIN_INTERVAL_S = 5.0
+COST_FACTOR = 50
 
 
 def partial_path(json_path: Path) -> Path:
@@ -34,7 +41,7 @@ def json_target(benchmarksession: Any) -> Path | None:
     target = getattr(benchmarksession, "json", None)
     if not target:
         return None
-    return Path(getattr(target, "name", target))
+    return Path(target) if isinstance(target, (str, os.PathLike)) else Path(target.name)
 
 
 class PartialRun:
@@ -43,6 +50,8 @@ class PartialRun:
         self.written = 0  # benchmarks in the file last written
         self.infos: tuple[dict[str, Any], dict[str, Any]] | None = None  # machine_info, commit_info
         self.broken = False  # a write failed: said once, not tried again
+        self.last_write = -float("inf")  # time.monotonic() at the last write ...
+        self.last_cost_s = 0.0  # ... and how long it took
 
     @property
     def session(self) -> Any:
@@ -63,8 +72,13 @@ class PartialRun:
         finished = [bench for bench in self.session.benchmarks if bench] if path is not None else []
         if path is None or self.broken or len(finished) == self.written:
             return None
+        if time.monotonic() - self.last_write < max(MIN_INTERVAL_S, COST_FACTOR * self.last_cost_s):
+            return None
         try:
-            return self._write(path, finished)
+            start = time.monotonic()
+            written = self._write(path, finished)
+            self.last_write, self.last_cost_s = time.monotonic(), time.monotonic() - start
+            return written
         except Exception as exc:  # a full disk, a hook of another plugin: the run itself goes on
             self.broken = True
             warnings.warn(pytest.PytestWarning(f"mlp-loadbench: cannot keep the run so far in {path}: "
