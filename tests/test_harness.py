@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -517,6 +518,10 @@ def test_the_partial_file_is_written_at_most_every_interval_and_by_its_cost(tmp_
     run.last_cost_s = 1.0  # a write that took a second waits COST_FACTOR seconds
     assert finish_case("d", partial.MIN_INTERVAL_S + 1) is None
     assert finish_case("e", partial.COST_FACTOR) == ["a", "b", "c", "d", "e"]
+    session.json.write_text("{}")
+    os.utime(session.json, (0, 0))  # a final file older than the partial one: another run's
+    run.finish()
+    assert written.exists()
     session.json.write_text("{}")  # pytest-benchmark wrote the whole run
     run.finish()
     assert not written.exists()

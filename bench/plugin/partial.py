@@ -100,8 +100,12 @@ class PartialRun:
         return path
 
     def finish(self) -> None:
-        """Remove the partial file once pytest-benchmark has written the whole run."""
+        """Remove the partial file once pytest-benchmark has written the whole run: a
+        final file older than it (a run of another day, a save that failed) leaves it."""
         path = self.path
         target = json_target(self.session) if path is not None else None
-        if path is not None and path.is_file() and target is not None and target.is_file() and target.stat().st_size > 0:
+        if path is None or target is None or not path.is_file() or not target.is_file():
+            return
+        final = target.stat()
+        if final.st_size > 0 and final.st_mtime >= path.stat().st_mtime:
             path.unlink()
