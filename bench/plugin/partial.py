@@ -77,7 +77,8 @@ class PartialRun:
         try:
             start = time.monotonic()
             written = self._write(path, finished)
-            self.last_write, self.last_cost_s = time.monotonic(), time.monotonic() - start
+            self.last_write = time.monotonic()
+            self.last_cost_s = self.last_write - start
             return written
         except Exception as exc:  # a full disk, a hook of another plugin: the run itself goes on
             self.broken = True

@@ -18,8 +18,7 @@ from typing import Any
 from tabulate import tabulate
 
 from bench.cases import study_order
-
-IMPLS = ("torch", "compile", "triton")
+from model.inference import IMPLS
 DEFAULT_MAX_DROP = 0.01  # one point of accuracy, the search's default limit
 
 
