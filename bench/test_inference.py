@@ -52,7 +52,7 @@ SMOKE_CASES = ("blocks-3",)  # the optimal configuration (every experiment holds
 CACHE_ENV = "LOADBENCH_MODEL_CACHE"
 RECORD_KEYS = (
     "latency_graph_s", "latency_eager_s", "latency_p99_s", "latency_mode", "latency_p99_by_round_s",
-    "latency_calls", "throughput", "energy_j_per_1k", "accuracy", "macro_f1", "accuracy_drop",
+    "latency_calls", "latency_pinned_cpu", "throughput", "energy_j_per_1k", "accuracy", "macro_f1", "accuracy_drop",
     "macro_f1_drop", "speedup", "speedup_batch", "reference", "compression", "routes", "notes", "unavailable",
 )  # fmt: skip
 
@@ -125,6 +125,7 @@ def test_serving(benchmark, request, case: Case, variant: str, impl: str) -> Non
                 config, VARIANTS[variant], data, options.device, profile=options.profile.name,
                 cache_dir=model_cache_dir(request.config), impl=impl,
                 latency_timer=pedantic_timer(benchmark), energy_mj=energy, latency_quiet=monitor.paused,
+                pin=options.latency_pin,
             )  # fmt: skip
     except Unsupported as exc:
         pytest.skip(str(exc))

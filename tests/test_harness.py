@@ -299,6 +299,30 @@ def test_compare_with_a_baseline_stored_outside_the_checkout_and_other_settings(
         result.stdout.fnmatch_lines(["*baseline ran epochs=3, this run epochs=4: shown, not gated*"])
 
 
+def test_a_baseline_from_before_latency_pin_gates_and_one_with_the_other_pin_does_not(bench, pytester) -> None:
+    """--latency-pin changes what batch-1 latency measures: a baseline made with the other
+    setting is shown, not gated. A baseline stored before the setting existed ran unpinned."""
+    bench("--benchmark-autosave", budgets="").assert_outcomes(passed=2)
+    (run,) = saved_runs(pytester)
+    stored = json.loads(run.read_text())
+    assert stored["machine_info"]["loadbench"]["settings"]["latency_pin"] is False
+    del stored["machine_info"]["loadbench"]["settings"]["latency_pin"]
+    run.write_text(json.dumps(stored))
+
+    unpinned = bench("--benchmark-compare=0001", budgets="")
+    unpinned.assert_outcomes(passed=2)
+    assert "shown, not gated" not in unpinned.stdout.str()
+    pinned = bench("--benchmark-compare=0001", "--latency-pin=on", budgets="")
+    pinned.assert_outcomes(passed=2)
+    pinned.stdout.fnmatch_lines(["*baseline ran latency_pin=False, this run latency_pin=True: shown, not gated*"])
+
+
+def test_an_unknown_latency_pin_value_is_a_usage_error(bench) -> None:
+    result = bench("--latency-pin=sometimes")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--latency-pin: invalid choice: 'sometimes' (choose from*off*on*"])
+
+
 INTERRUPT_SECOND = """
 import pytest
 from model.train import Trainer

@@ -9,6 +9,7 @@ import contextlib
 import gc
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,66 @@ def test_latency_is_timed_inside_the_quiet_context_it_is_given(data):
     measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
             latency_timer=timer, latency_quiet=quiet)  # fmt: skip
     assert seen == [True] and state == {"quiet": False, "entered": 1}  # CPU: the eager loop only
+
+
+needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+
+
+@needs_affinity
+def test_pin_holds_the_timing_thread_on_one_cpu_and_gives_its_cpus_back(data):
+    before = os.sched_getaffinity(0)
+    seen = []
+
+    def timer(call, count):
+        seen.append(os.sched_getaffinity(0))
+        return [5e-6] * count
+
+    result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
+                     latency_timer=timer, pin=True)  # fmt: skip
+    cpu = result["latency_pinned_cpu"]
+    assert seen == [{cpu}] and cpu in before
+    assert os.sched_getaffinity(0) == before
+    assert "latency_pinned_cpu" not in result["unavailable"]
+
+
+@needs_affinity
+def test_without_pin_the_thread_runs_free(data):
+    before = os.sched_getaffinity(0)
+    seen = []
+
+    def timer(call, count):
+        seen.append(os.sched_getaffinity(0))
+        return [5e-6] * count
+
+    result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
+                     latency_timer=timer)  # fmt: skip
+    assert seen == [before] and result["latency_pinned_cpu"] is None
+
+
+@pytest.mark.parametrize("platform", ["no sched_setaffinity", "refused"])
+def test_pin_where_the_platform_cannot_pin_runs_free_and_says_so(data, monkeypatch, platform):
+    if platform == "no sched_setaffinity":
+        monkeypatch.delattr(os, "sched_setaffinity", raising=False)
+    else:
+        def refuse(pid, cpus):
+            raise PermissionError("Operation not permitted")
+
+        monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    timed = []
+    result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
+                     latency_timer=lambda call, count: timed.append(count) or [5e-6] * count, pin=True)  # fmt: skip
+    assert timed == [3] and result["latency_pinned_cpu"] is None
+    assert result["unavailable"]["latency_pinned_cpu"] == inference.PIN_UNAVAILABLE
+
+
+@needs_affinity
+def test_thread_pinned_gives_the_cpus_back_when_the_timed_work_raises():
+    before = os.sched_getaffinity(0)
+    with pytest.raises(RuntimeError, match="timed work failed"):
+        with inference.thread_pinned() as cpu:
+            assert os.sched_getaffinity(0) == {cpu}
+            raise RuntimeError("timed work failed")
+    assert os.sched_getaffinity(0) == before
 
 
 def test_measure_through_a_latency_timer(data):

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 optuna = pytest.importorskip("optuna", reason="the search needs optuna (pip install -e '.[test]')")
 from optuna.trial import TrialState  # noqa: E402
 
 from bench.search.cli import main
-from bench.search.objective import ENERGY, LATENCY
+from bench.search.objective import ENERGY, LATENCY, real_evaluator
 from bench.search.space import Space, SpaceError, load_space, preset_params
 from bench.search.study import SearchSettings, answered, run_search
 from model.compress import VARIANTS, Compression, Unsupported
@@ -357,6 +358,24 @@ def test_resuming_under_other_settings_is_refused_naming_the_difference(tmp_path
     assert search(tmp_path, "--trials", "3", "--space", str(tiny), "--max-accuracy-drop", "0.02") == 2
     err = capsys.readouterr().err
     assert "was made under other settings (max_accuracy_drop: study 0.01, now 0.02)" in err
+
+
+def test_a_pinned_search_does_not_resume_an_unpinned_study(tmp_path, tiny, capsys) -> None:
+    assert search(tmp_path, "--trials", "2", "--space", str(tiny)) == 0
+    capsys.readouterr()
+    assert search(tmp_path, "--trials", "3", "--space", str(tiny), "--latency-pin", "on") == 2
+    assert "was made under other settings (latency_pin: study None, now True)" in capsys.readouterr().err
+    assert search(tmp_path, "--trials", "3", "--space", str(tiny), "--latency-pin", "off") == 0
+
+
+def test_the_real_evaluator_hands_latency_pin_to_measure(monkeypatch) -> None:
+    import model.inference
+
+    seen = {}
+    monkeypatch.setattr(model.inference, "evaluate", lambda *args, **kwargs: seen.update(kwargs) or {})
+    run = real_evaluator("data", torch.device("cpu"), "smoke", Path("cache"), "torch", pin=True)
+    run(TrainConfig(), Compression())
+    assert seen["pin"] is True and seen["impl"] == "torch"
 
 
 def test_presets_map_onto_the_space_or_say_why_not() -> None:

@@ -44,7 +44,10 @@ from bench.plugin.budgets import InferenceBudget
 
 RECORD_KEY = "loadbench"  # machine_info key and extra_info marker of our runs
 # What must match for a stored run to count in a case's noise history.
-HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "optimizer_impl", "precision", "plant")
+HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "optimizer_impl", "precision", "plant",
+                    "latency_pin")  # fmt: skip
+# What a run made before a setting existed measured: its value then.
+SETTING_DEFAULTS: dict[str, Any] = {"latency_pin": False}
 MAX_HISTORY = 10  # newest stored runs used for the noise estimate
 MIN_NOISE_DOF = 2  # degrees of freedom before a spread counts as known (3 runs, or 2 + 2 rounds)
 DEFAULT_NOISE_K = 3.0
@@ -107,7 +110,12 @@ def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any])
 
 def same_measurement(gpu: str, settings: dict[str, Any], other_gpu: str, other_settings: dict[str, Any]) -> bool:
     """Whether two runs measured the same thing: one GPU model and the HISTORY_SETTINGS alike."""
-    return gpu == other_gpu and all(settings.get(key) == other_settings.get(key) for key in HISTORY_SETTINGS)
+    return gpu == other_gpu and all(setting(settings, key) == setting(other_settings, key) for key in HISTORY_SETTINGS)
+
+
+def setting(settings: dict[str, Any], key: str) -> Any:
+    """A run's setting, with SETTING_DEFAULTS standing in for runs made before it existed."""
+    return settings.get(key, SETTING_DEFAULTS.get(key))
 
 
 def comparable(run: dict[str, Any], baseline_run: dict[str, Any]) -> bool:

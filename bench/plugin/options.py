@@ -125,6 +125,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--kernel-trace", action="store_true", default=False,
                     help="after each case, profile a few steady epochs and store the kernel table; "
                          "a time regression against a traced baseline names the kernels that grew")
+    group.addoption("--latency-pin", choices=("off", "on"), default="off",
+                    help="on: hold the thread that times batch-1 serving latency on one CPU while it "
+                         "times (Linux); recorded in the run's settings. Default: %(default)r")  # fmt: skip
     group.addoption("--plant-slowdown", type=parse_plant, default=None, metavar="PCT[:host|gpu]",
                     help="make every timed epoch PCT%% slower (host sleep or GPU spin): tests the time gate; "
                          "recorded in the run's settings")  # fmt: skip
@@ -148,6 +151,7 @@ class Options:
     plant: Plant | None
     trace: bool
     cold_caches: bool
+    latency_pin: bool
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
@@ -184,6 +188,7 @@ class Options:
             plant=config.getoption("plant_slowdown"),
             trace=config.getoption("kernel_trace"),
             cold_caches=config.getoption("cold_caches"),
+            latency_pin=config.getoption("latency_pin") == "on",
         )
 
     def header(self) -> str:

@@ -27,6 +27,7 @@ from bench.plugin.compare import BaselineError
 from bench.plugin.compare import load_history
 from bench.plugin.compare import make_baseline
 from bench.plugin.compare import read_run
+from bench.plugin.compare import setting
 from bench.plugin.options import Options
 from bench.plugin.partial import PartialRun
 from bench.tools.shards import assign
@@ -110,6 +111,7 @@ class LoadBenchSession:
             "shard": f"{shard[0]}/{shard[1]}" if shard else None,
             "shard_durations": self.config.getoption("shard_durations") if shard else None,
             "plant": str(o.plant) if o.plant else None,
+            "latency_pin": o.latency_pin,
             "kernel_caches": self.caches.state,
         }
 
@@ -192,10 +194,11 @@ class LoadBenchSession:
         baseline = make_baseline(name, compared_benchmark, machine_info)
         theirs = compared_benchmark["machine_info"][RECORD_KEY].get("settings", {})
         ours = self.settings()
-        for key in ("profile", "epochs", "dataset", "plant"):
-            if baseline.gating and theirs.get(key) != ours[key]:
+        for key in ("profile", "epochs", "dataset", "plant", "latency_pin"):
+            if baseline.gating and setting(theirs, key) != ours[key]:
                 baseline.gating = False
-                baseline.reason = f"baseline ran {key}={theirs.get(key)!r}, this run {key}={ours[key]!r}: shown, not gated"
+                baseline.reason = (f"baseline ran {key}={setting(theirs, key)!r}, this run {key}={ours[key]!r}: "
+                                   "shown, not gated")  # fmt: skip
         if not baseline.gating:
             self.baseline_messages.append(baseline.reason)
         self.baselines.append(baseline)

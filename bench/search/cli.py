@@ -83,6 +83,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=parse_device, default="auto", help="auto, cpu, cuda or cuda:N. Default: auto")
     p.add_argument("--dataset", default="synthetic", metavar="synthetic|PATH.csv", help="Default: synthetic")
     p.add_argument("--impl", choices=IMPLS, default="torch", help="serving implementation. Default: torch")
+    p.add_argument("--latency-pin", choices=("off", "on"), default="off",
+                   help="on: hold the thread that times batch-1 latency on one CPU while it times (Linux). "
+                        "Default: off")  # fmt: skip
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Default: tpe")
     p.add_argument("--seed", type=int, default=0, help="sampler seed. Default: 0")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -135,17 +138,21 @@ def search(args: argparse.Namespace, evaluator: Evaluator | None) -> int:
     name = args.study_name or f"mlp-loadbench-{profile.name}" + ("-train" if args.train_space else "")
     objectives, note = choose_objectives(energy_unavailable(device))
     base = TrainConfig(epochs=profile.epochs, loop="graph" if device.type == "cuda" else "fast")
+    pin = args.latency_pin == "on"
     settings = SearchSettings(
         study_name=name, storage=storage, trials=args.trials, objectives=objectives, objectives_note=note,
         max_accuracy_drop=args.max_accuracy_drop, train_space=args.train_space, space=space, base=base,
         timeout=args.timeout, sampler=args.sampler, seed=args.seed,
-        context={"profile": profile.name, "dataset": Path(args.dataset).name, "gpu": gpu_model(device), "impl": args.impl},
+        context={"profile": profile.name, "dataset": Path(args.dataset).name, "gpu": gpu_model(device),
+                 "impl": args.impl,
+                 # Only when on: a study stored before the option existed ran unpinned and resumes as one.
+                 **({"latency_pin": True} if pin else {})},
     )  # fmt: skip
     if note:
         print(f"search: {note}")
     if evaluator is None:
         evaluator = real_evaluator(load_data(args.dataset, profile.scale, device), device, profile.name,
-                                   args.cache_dir or default_cache_dir(), args.impl)  # fmt: skip
+                                   args.cache_dir or default_cache_dir(), args.impl, pin)  # fmt: skip
     outcome = run_search(settings, evaluator, VARIANTS, log=lambda line: print(line, flush=True))
     summary = summarise(outcome.study, settings, outcome.skipped_presets)
     written = write_outputs(summary, args.out)

@@ -104,9 +104,11 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def real_evaluator(data: Any, device: torch.device, profile: str, cache_dir: Path, impl: str) -> Evaluator:
+def real_evaluator(data: Any, device: torch.device, profile: str, cache_dir: Path, impl: str,
+                   pin: bool = False) -> Evaluator:  # fmt: skip
     """model.inference.evaluate on one dataset and device: train (or load the cached
-    model), compress, measure, with the NVML energy counter where there is one.
+    model), compress, measure, with the NVML energy counter where there is one; `pin`
+    holds the timing thread on one CPU for batch-1 latency (measure's `pin`).
     Imported on use: the search's own tests inject a fake."""
     from model.inference import evaluate
     from model.inference import nvml_energy
@@ -115,6 +117,6 @@ def real_evaluator(data: Any, device: torch.device, profile: str, cache_dir: Pat
 
     def run(config: TrainConfig, compression: Compression) -> dict[str, Any]:
         return evaluate(config, compression, data, device, profile=profile, cache_dir=cache_dir, impl=impl,
-                        energy_mj=energy_mj)  # fmt: skip
+                        energy_mj=energy_mj, pin=pin)  # fmt: skip
 
     return run
