@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from matplotlib.text import Text
 
 from bench.tools.figures import inference_figure
@@ -176,6 +177,40 @@ def test_the_inference_view_joins_the_serving_runs_of_the_newest_commit(tmp_path
     unknown.write_text(json.dumps(raw))
     runs, _ = load_runs([first, second, unknown])
     assert {r["case"] for r in serving_records(runs)} == {"batch-64"}  # alone: no commit to join by
+
+
+def test_serving_commits_join_a_matrix_served_at_several_commits(tmp_path, capsys) -> None:
+    """Parts of one matrix served at commits that did not change serving: named on the
+    command line, their runs make one view, and serving.md says which commit gave what."""
+    data = json.loads(RUN.read_text())
+
+    def run_file(name: str, commit: str, when: str, case: str) -> Path:
+        copied = copy.deepcopy(data)
+        copied["commit_info"]["id"], copied["datetime"] = commit, when
+        for bench in copied["benchmarks"]:
+            bench["extra_info"]["case"] = case
+        path = tmp_path / name
+        path.write_text(json.dumps(copied))
+        return path
+
+    files = [run_file("a.json", "aaaa111", "2026-01-01T00:00:00", "units-512"),
+             run_file("b.json", "bbbb222", "2026-01-02T00:00:00", "act-silu"),
+             run_file("c.json", "cccc333", "2026-01-03T00:00:00", "batch-64")]  # fmt: skip
+    out = tmp_path / "r"
+    assert report_main([*map(str, files), "--out", str(out), "--serving-commits", "aaaa,bbbb222cafe"]) == 0
+    table = (out / "serving.md").read_text()
+    assert "commits aaaa111 (1 configuration), bbbb222 (1 configuration)" in table
+    assert "| units-512 " in table and "| act-silu " in table and "batch-64" not in table
+    capsys.readouterr()
+    assert report_main([*map(str, files), "--out", str(out), "--serving-commits", "aaaa,dddd"]) == 0
+    assert "--serving-commits dddd: no serving run of that commit among the runs read" in capsys.readouterr().err
+    assert report_main([*map(str, files), "--out", str(tmp_path / "none"), "--serving-commits", "dddd"]) == 1
+    err = capsys.readouterr().err
+    assert "--serving-commits dddd: no serving run of these commits (serving runs read: aaaa111, bbbb222, cccc333)" in err
+    assert not (tmp_path / "none").exists()
+    with pytest.raises(SystemExit):
+        report_main([*map(str, files), "--out", str(out), "--serving-commits", "a5,not-a-commit"])
+    assert "give commit ids of at least 4 hex digits" in capsys.readouterr().err
 
 
 def test_the_serving_table_has_a_row_per_configuration_and_names_the_best_variant() -> None:

@@ -8,7 +8,8 @@
 Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
 line per value, smoothed), ``pareto.png``, ``inference.png`` (accuracy against batch-1
 p99 latency and against energy per 1,000 inferences of the serving records of the
-newest serving run's commit and GPU model, from every run given that shares both) with
+newest serving run's commit and GPU model, from every run given that shares both, or
+of the commits ``--serving-commits`` names) with
 ``serving.md`` (their table, a row per configuration: bench.tools.serving),
 ``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
 ``history.html`` (interactive, drawn by
@@ -221,7 +222,8 @@ def sections(runs: list[Run], budgets: Budgets) -> list[Section]:
 
 
 def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: Sequence[Path] = (),
-                 budgets_path: Path = DEFAULT_BUDGETS, searches: Sequence[Path] = ()) -> tuple[list[Path], list[str]]:  # fmt: skip
+                 budgets_path: Path = DEFAULT_BUDGETS, searches: Sequence[Path] = (),
+                 serving_commits: Sequence[str] = ()) -> tuple[list[Path], list[str]]:  # fmt: skip
     runs, warnings = load_runs(paths)
     serving = [r for r in runs if r.inference_records()]
     warnings += [f"skipped {r.path}: a run with no training cases" for r in runs if not r.cases() and r not in serving]
@@ -229,12 +231,19 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     found = load_searches(searches, warnings)
     if not runs and not serving and not found:
         raise ReportError(nothing_to_report(paths, warnings))
-    records = serving_records(serving)
+    for commit in serving_commits:
+        if not any(r.commit != "unknown" and _same_commit(r.commit, commit) for r in serving):
+            warnings.append(f"--serving-commits {commit}: no serving run of that commit among the runs read")
+    joined = serving_runs(serving, serving_commits)
+    if serving_commits and not joined:
+        known = ", ".join(dict.fromkeys(r.commit for r in serving)) or "none"
+        raise ReportError(f"--serving-commits {','.join(serving_commits)}: no serving run of these commits "
+                          f"(serving runs read: {known})")  # fmt: skip
+    records = serving_records(serving, serving_commits)
     inference = inference_views(records, found)
     written = [write_atomic(out / name, image) for name, image in inference.items()]
     if records:
-        title = f"{serving[-1].gpu}, commit {serving[-1].commit}"
-        written.append(write_atomic(out / "serving.md", serving_markdown(records, title)))
+        written.append(write_atomic(out / "serving.md", serving_markdown(records, serving_title(joined))))
     if not runs:  # serving records or searches only: their views are the report
         return written, warnings
     budgets = Budgets.load(budgets_path)
@@ -262,7 +271,7 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     return written, warnings
 
 
-INFERENCE_TITLES = {"inference.png": "Inference view: accuracy against p99 latency and energy (the newest serving commit's runs)"}
+INFERENCE_TITLES = {"inference.png": "Inference view: accuracy against p99 latency and energy (the joined serving runs)"}
 
 
 def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, Any]]:
@@ -284,20 +293,51 @@ def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, 
     return found
 
 
-def serving_records(serving: list[Run]) -> list[dict[str, Any]]:
-    """The serving records of the newest serving run's commit and GPU model, from every
-    run given that shares both: a serving matrix is run a configuration, a shard or a
-    GPU at a time. A case served twice shows its newest record. A run of an unknown
-    commit stands alone, since nothing says which runs belong with it."""
+def serving_records(serving: list[Run], commits: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The serving records of the runs `serving_runs` joins; a case served twice shows
+    its newest record."""
+    records: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for run in serving_runs(serving, commits):  # oldest first: a newer record of a case replaces it
+        for record in run.inference_records():
+            records[(str(record.get("case")), str(record.get("variant")), str(record.get("impl")))] = record
+    return sorted(records.values(), key=lambda r: study_order(str(r.get("case", ""))))
+
+
+def serving_runs(serving: list[Run], commits: Sequence[str] = ()) -> list[Run]:
+    """The runs of one serving view, oldest first: a serving matrix is run a configuration,
+    a shard or a GPU at a time. By default the runs of the newest serving run's commit
+    and GPU model; a run of an unknown commit stands alone, since nothing says which runs
+    belong with it. `commits` (ids or prefixes) joins the runs of those commits instead,
+    on the GPU model of the newest of them: for a matrix whose parts were served at
+    commits that did not change serving."""
+    if commits:
+        chosen = [r for r in serving if r.commit != "unknown" and any(_same_commit(r.commit, c) for c in commits)]
+        return [r for r in chosen if r.gpu == chosen[-1].gpu] if chosen else []
     if not serving:
         return []
     newest = serving[-1]
     together = [r for r in serving if r.commit == newest.commit and r.gpu == newest.gpu and r.commit != "unknown"]
-    records: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for run in together or [newest]:  # oldest first: a newer record of a case replaces it
+    return together or [newest]
+
+
+def _same_commit(ours: str, given: str) -> bool:
+    """A run's short id against an id or prefix given on the command line."""
+    n = min(len(ours), len(given))
+    return n >= 4 and ours[:n] == given[:n]
+
+
+def serving_title(runs: list[Run]) -> str:
+    """'GPU, commit X' or, for a joined view, 'GPU, commits X (n configurations), Y (m)':
+    each configuration counted under the commit of its newest record."""
+    newest_of: dict[str, str] = {}
+    for run in runs:
         for record in run.inference_records():
-            records[(str(record.get("case")), str(record.get("variant")), str(record.get("impl")))] = record
-    return sorted(records.values(), key=lambda r: study_order(str(r.get("case", ""))))
+            newest_of[str(record.get("case"))] = run.commit
+    counts = {commit: list(newest_of.values()).count(commit) for commit in dict.fromkeys(r.commit for r in runs)}
+    counts = {commit: n for commit, n in counts.items() if n}
+    if len(counts) == 1:
+        return f"{runs[-1].gpu}, commit {runs[-1].commit}"
+    return f"{runs[-1].gpu}, commits " + ", ".join(f"{c} ({n} configuration{'s' * (n > 1)})" for c, n in counts.items())
 
 
 def inference_views(records: list[dict[str, Any]], searches: list[dict[str, Any]]) -> dict[str, bytes]:
@@ -323,6 +363,15 @@ def nothing_to_report(paths: Sequence[Path], warnings: list[str]) -> str:
     return f"{NO_RUNS} in the {len(paths)} file(s) read: {reasons}"
 
 
+def commit_list(value: str) -> tuple[str, ...]:
+    """'a5dff88,8f2f88c': commit ids or prefixes of at least 4 hex digits."""
+    commits = tuple(c.strip() for c in value.split(",") if c.strip())
+    bad = [c for c in commits if len(c) < 4 or any(ch not in "0123456789abcdef" for ch in c.lower())]
+    if not commits or bad:
+        raise argparse.ArgumentTypeError(f"{value!r}: give commit ids of at least 4 hex digits, comma-separated")
+    return tuple(c.lower() for c in commits)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run files (default: every run in --storage)")
@@ -333,13 +382,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, help="budgets that define a regression")
     parser.add_argument("--search", type=Path, action="append", default=[], metavar="SEARCH.json",
                         help="a search's result (python -m bench.search) for the inference view; repeatable")
+    parser.add_argument("--serving-commits", type=commit_list, default=(), metavar="SHA[,SHA...]",
+                        help="join the serving runs of these commits in inference.png and serving.md "
+                             "(default: the newest serving run's commit)")  # fmt: skip
     args = parser.parse_args(argv)
     paths = list(args.runs) or find_run_files(args.storage)
     if not paths and not args.search:
         print(f"mlp-loadbench report: {NO_RUNS} in {args.storage}: no run files there; {RUN_FIRST}", file=sys.stderr)
         return 1
     try:
-        written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets, args.search)
+        written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets, args.search,
+                                         args.serving_commits)  # fmt: skip
     except ReportError as exc:
         print(f"mlp-loadbench report: {exc}", file=sys.stderr)
         return 1
