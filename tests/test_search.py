@@ -20,6 +20,7 @@ from optuna.trial import TrialState  # noqa: E402
 from bench.search.cli import main
 from bench.search.objective import ENERGY, LATENCY, real_evaluator
 from bench.search.space import Space, SpaceError, load_space, preset_params
+from bench.search.results import compare, verdict
 from bench.search.study import SearchSettings, answered, run_search
 from model.compress import VARIANTS, Compression, Unsupported
 from model.config import TrainConfig
@@ -122,7 +123,36 @@ def test_presets_come_first_and_the_comparison_names_the_objective(tmp_path, tin
         assert best["preset"] != "prune-90"
     # int8-dynamic pruned 60-75% beats every feasible preset on both objectives in the fake
     if comparison["beats_every_preset_on"]:
-        assert "The front beats every single preset on" in (tmp_path / "out" / "front.md").read_text()
+        assert "The front beats every single preset by more than 5% on" in (tmp_path / "out" / "front.md").read_text()
+
+
+def _row(number: int, preset: str | None, latency: float, energy: float, front: bool) -> dict[str, Any]:
+    return {"number": number, "label": preset or f"searched-{number}", "preset": preset, "state": "complete",
+            "feasible": True, "on_front": front, "values": {"p99_latency_s": latency, "energy_j_per_1k": energy}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("front_latency", "beats", "level"),
+    [(20e-6, True, False), (28.5e-6, False, True), (29e-6, False, False)],
+    ids=["ahead by 30%", "ahead by 0.4%", "behind"],
+)
+def test_the_front_beats_a_preset_only_beyond_the_margin(front_latency, beats, level) -> None:
+    rows = [_row(0, "fp32", 28.61e-6, 0.0157, True), _row(1, "bf16", 46e-6, 0.0025, True),
+            _row(2, None, front_latency, 0.0174, True)]  # fmt: skip
+    comparison = compare(rows, ["p99_latency_s", "energy_j_per_1k"])
+    latency = comparison["objectives"]["p99_latency_s"]
+    assert latency["front_beats_every_preset"] is beats and latency["front_ahead_within_margin"] is level
+    assert comparison["beats_every_preset_on"] == (["p99_latency_s"] if beats else []) and comparison["margin"] == 0.05
+    objectives = [{"key": "p99_latency_s", "label": "batch-1 p99 latency", "unit": "µs", "scale": 1e6},
+                  {"key": "energy_j_per_1k", "label": "energy", "unit": "J", "scale": 1.0}]  # fmt: skip
+    said = verdict({"comparison": comparison, "objectives": objectives})
+    if beats:
+        assert said == ("The front beats every single preset by more than 5% on batch-1 p99 latency: 20 µs "
+                        "(trial 2, searched-2) against the best preset's 28.61 µs (fp32).")  # fmt: skip
+    else:
+        assert said.startswith("The front beats no preset by more than 5% on any objective")
+    assert ("Level with the best preset on batch-1 p99 latency: 28.5 µs (trial 2, searched-2) against the best "
+            "preset's 28.61 µs (fp32): ahead by less than 5%" in said) is level  # fmt: skip
 
 
 def test_the_sampler_seed_makes_the_search_repeatable(tmp_path, tiny) -> None:
