@@ -130,9 +130,8 @@ def test_latency_is_timed_inside_the_quiet_context_it_is_given(data):
 needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
 
 
-@needs_affinity
-def test_pin_holds_the_timing_thread_on_one_cpu_and_gives_its_cpus_back(data):
-    before = os.sched_getaffinity(0)
+def affinity_seen_by_the_timer(data, **options):
+    """measure() with a planted timer that records the CPUs its thread may run on."""
     seen = []
 
     def timer(call, count):
@@ -140,7 +139,14 @@ def test_pin_holds_the_timing_thread_on_one_cpu_and_gives_its_cpus_back(data):
         return [5e-6] * count
 
     result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
-                     latency_timer=timer, pin=True)  # fmt: skip
+                     latency_timer=timer, **options)  # fmt: skip
+    return result, seen
+
+
+@needs_affinity
+def test_pin_holds_the_timing_thread_on_one_cpu_and_gives_its_cpus_back(data):
+    before = os.sched_getaffinity(0)
+    result, seen = affinity_seen_by_the_timer(data, pin=True)
     cpu = result["latency_pinned_cpu"]
     assert seen == [{cpu}] and cpu in before
     assert os.sched_getaffinity(0) == before
@@ -150,14 +156,7 @@ def test_pin_holds_the_timing_thread_on_one_cpu_and_gives_its_cpus_back(data):
 @needs_affinity
 def test_without_pin_the_thread_runs_free(data):
     before = os.sched_getaffinity(0)
-    seen = []
-
-    def timer(call, count):
-        seen.append(os.sched_getaffinity(0))
-        return [5e-6] * count
-
-    result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
-                     latency_timer=timer)  # fmt: skip
+    result, seen = affinity_seen_by_the_timer(data)
     assert seen == [before] and result["latency_pinned_cpu"] is None
 
 
