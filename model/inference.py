@@ -231,11 +231,11 @@ def thread_pinned():  # type: ignore[no-untyped-def]
     """The calling thread held on the CPU it is running on; yields that CPU, or None where
     the platform cannot pin (the calls then run free). Restores the thread's CPU set.
 
-    Why: on an H100 host, batch-1 graph calls slower than twice the p50 came in bursts of
-    milliseconds; with the timing thread pinned they were a quarter as frequent (0.06%
-    of calls against 0.24%), and a single burst sets a round's p99. Linux applies
-    sched_setaffinity(0, ...) to the calling thread only: the load monitor's thread and
-    the CUDA driver's threads keep their CPUs."""
+    Why: batch-1 calls slower than twice the p50 come in bursts of milliseconds, and one
+    burst sets a round's p99; a migration of the timing thread is one cause that pinning
+    removes. On an H100 host it did not lower the p99 (docs/results-h100.md), hence off
+    by default. Linux applies sched_setaffinity(0, ...) to the calling thread only: the
+    load monitor's thread and the CUDA driver's threads keep their CPUs."""
     setaffinity = getattr(os, "sched_setaffinity", None)
     cpu = _current_cpu() if setaffinity is not None else None
     before = os.sched_getaffinity(0) if cpu is not None else None

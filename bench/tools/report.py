@@ -27,6 +27,7 @@ import importlib.util
 import io
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -232,14 +233,14 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     if not runs and not serving and not found:
         raise ReportError(nothing_to_report(paths, warnings))
     for commit in serving_commits:
-        if not any(r.commit != "unknown" and _same_commit(r.commit, commit) for r in serving):
+        if not any(_of_commit(r, commit) for r in serving):
             warnings.append(f"--serving-commits {commit}: no serving run of that commit among the runs read")
     joined = serving_runs(serving, serving_commits)
     if serving_commits and not joined:
         known = ", ".join(dict.fromkeys(r.commit for r in serving)) or "none"
         raise ReportError(f"--serving-commits {','.join(serving_commits)}: no serving run of these commits "
                           f"(serving runs read: {known})")  # fmt: skip
-    records = serving_records(serving, serving_commits)
+    records = records_of(joined)
     inference = inference_views(records, found)
     written = [write_atomic(out / name, image) for name, image in inference.items()]
     if records:
@@ -294,10 +295,15 @@ def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, 
 
 
 def serving_records(serving: list[Run], commits: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The serving records of the runs `serving_runs` joins; a case served twice shows
-    its newest record."""
+    """The serving records of the runs `serving_runs` joins."""
+    return records_of(serving_runs(serving, commits))
+
+
+def records_of(runs: list[Run]) -> list[dict[str, Any]]:
+    """The serving records of `runs` (oldest first), in the study's order; a case served
+    twice shows its newest record."""
     records: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for run in serving_runs(serving, commits):  # oldest first: a newer record of a case replaces it
+    for run in runs:  # oldest first: a newer record of a case replaces it
         for record in run.inference_records():
             records[(str(record.get("case")), str(record.get("variant")), str(record.get("impl")))] = record
     return sorted(records.values(), key=lambda r: study_order(str(r.get("case", ""))))
@@ -311,7 +317,7 @@ def serving_runs(serving: list[Run], commits: Sequence[str] = ()) -> list[Run]:
     on the GPU model of the newest of them: for a matrix whose parts were served at
     commits that did not change serving."""
     if commits:
-        chosen = [r for r in serving if r.commit != "unknown" and any(_same_commit(r.commit, c) for c in commits)]
+        chosen = [r for r in serving if any(_of_commit(r, c) for c in commits)]
         return [r for r in chosen if r.gpu == chosen[-1].gpu] if chosen else []
     if not serving:
         return []
@@ -320,10 +326,11 @@ def serving_runs(serving: list[Run], commits: Sequence[str] = ()) -> list[Run]:
     return together or [newest]
 
 
-def _same_commit(ours: str, given: str) -> bool:
-    """A run's short id against an id or prefix given on the command line."""
-    n = min(len(ours), len(given))
-    return n >= 4 and ours[:n] == given[:n]
+def _of_commit(run: Run, given: str) -> bool:
+    """Whether a run (short id, or "unknown") was made at a commit id or prefix given on
+    the command line."""
+    n = min(len(run.commit), len(given))
+    return run.commit != "unknown" and n >= 4 and run.commit[:n] == given[:n]
 
 
 def serving_title(runs: list[Run]) -> str:
@@ -333,8 +340,8 @@ def serving_title(runs: list[Run]) -> str:
     for run in runs:
         for record in run.inference_records():
             newest_of[str(record.get("case"))] = run.commit
-    counts = {commit: list(newest_of.values()).count(commit) for commit in dict.fromkeys(r.commit for r in runs)}
-    counts = {commit: n for commit, n in counts.items() if n}
+    tally = Counter(newest_of.values())
+    counts = {commit: tally[commit] for commit in dict.fromkeys(r.commit for r in runs) if tally[commit]}
     if len(counts) == 1:
         return f"{runs[-1].gpu}, commit {runs[-1].commit}"
     return f"{runs[-1].gpu}, commits " + ", ".join(f"{c} ({n} configuration{'s' * (n > 1)})" for c, n in counts.items())

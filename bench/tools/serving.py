@@ -19,6 +19,7 @@ from tabulate import tabulate
 
 from bench.cases import study_order
 from model.inference import IMPLS
+
 DEFAULT_MAX_DROP = 0.01  # one point of accuracy, the search's default limit
 
 
