@@ -122,13 +122,21 @@ gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
+def _epochs(slot: int | None = None) -> set[int]:
+    """The epochs of a stream's slot (the current stream's by default): one value between launches."""
+    if slot is None:
+        slot = torch.cuda.current_stream().stream_id % mlp_forward.SLOTS
+    return set(mlp_forward._EPOCHS[torch.cuda.current_device()][slot].tolist())
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("widths", [[75, 512, 512, 512, 10], [75, 1024, 1024, 1024, 1024, 1024, 10]], ids=["optimal", "widest-deepest"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu_every_program_waits_for_the_layer(widths, dtype) -> None:
-    """A program per SM, barriers between layers; the counter is back at 0 after each
-    launch, and a CUDA graph replaying the launch 200 times gives the eager bits."""
+    """A program per SM, tagged hand-overs between layers: each launch moves every
+    epoch of its slot on by one, and a CUDA graph replaying the launch 200 times,
+    captured on another stream, gives the eager bits."""
     ws, bs = network(widths, dtype=dtype)
     acts = ["silu"] * (len(ws) - 1) + ["identity"]
     x = torch.randn(1, widths[0], device="cuda").to(dtype)
@@ -136,17 +144,59 @@ def test_on_the_gpu_every_program_waits_for_the_layer(widths, dtype) -> None:
         y = linear_act_stack(x, ws, bs, acts)
         tol = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(y.double(), exact(x, ws, bs, acts), rtol=tol, atol=tol)
-        assert int(mlp_forward._COUNTERS[torch.cuda.current_device()].abs().sum()) == 0
+        (epoch,) = _epochs()
+        linear_act_stack(x, ws, bs, acts)
+        assert _epochs() == {epoch + 1}
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = linear_act_stack(x, ws, bs, acts)
+            slot = torch.cuda.current_stream().stream_id % mlp_forward.SLOTS
+        (before,) = _epochs(slot)
         for _ in range(200):
             graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, y)
-        assert int(mlp_forward._COUNTERS[torch.cuda.current_device()].abs().sum()) == 0
+        assert _epochs(slot) == {before + 200}
     programs = mlp_forward.LAUNCHES[(1, tuple(widths), str(dtype).removeprefix("torch."))]["programs"]
     assert programs > 1
+
+
+@gpu
+@needs_gpu
+def test_on_the_gpu_no_launch_reads_another_launchs_words(monkeypatch) -> None:
+    """Launches back to back on one slot, each with new inputs, the shapes and program
+    counts changing between them (a stale word of another shape or launch must never
+    pass for this one's), one of them growing the scratch rows after a graph was
+    captured on the first ones: every output matches torch's, eagerly and replayed."""
+    monkeypatch.setattr(mlp_forward, "_EPOCHS", {})
+    monkeypatch.setattr(mlp_forward, "_SCRATCH", {})
+    shapes = [[75, 512, 512, 512, 10], [75, 256, 1024, 10], [75, 512, 512, 512, 512, 512, 10], [75, 128, 128, 10],
+              [75, 1024, 1024, 1024, 1024, 10]]  # six layers of 512: 5 x 512 scratch words, more than the first rows hold
+    nets = [network(widths, seed=i) for i, widths in enumerate(shapes)]
+    acts = {len(ws): ["leaky_relu"] * (len(ws) - 1) + ["identity"] for ws, _ in nets}
+    xs = torch.randn(600, 75, device="cuda")
+    mlp_forward.LAUNCHES.clear()
+    with torch.no_grad():
+        static = torch.zeros(1, 75, device="cuda")
+        linear_act_stack(static, *nets[0], acts[4])  # the eager call that allocates the slots
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = linear_act_stack(static, *nets[0], acts[4])
+        outs = [linear_act_stack(x[None], *nets[i % 5], acts[len(nets[i % 5][0])]) for i, x in enumerate(xs)]
+        assert len(_epochs()) == 1  # launches of 128 and of 64 programs kept every epoch of the slot equal
+        assert len(mlp_forward._SCRATCH[torch.cuda.current_device()]) == 2  # grown; the graph's rows kept
+        graph_outs = []
+        for x in xs[:300]:
+            static.copy_(x[None])
+            graph.replay()
+            graph_outs.append(replayed.clone())
+        torch.cuda.synchronize()
+    for i, (x, y) in enumerate(zip(xs, outs)):
+        ws, bs = nets[i % 5]
+        torch.testing.assert_close(y.double(), exact(x[None], ws, bs, acts[len(ws)]), rtol=1e-4, atol=1e-4)
+    ws, bs = nets[0]
+    torch.testing.assert_close(torch.cat(graph_outs).double(), exact(xs[:300], ws, bs, acts[4]), rtol=1e-4, atol=1e-4)
+    assert {widths for _, widths, _ in mlp_forward.LAUNCHES} == {tuple(w) for w in shapes}  # each took one launch
 
 
 @gpu
@@ -164,7 +214,8 @@ def test_on_the_gpu_width_2048_goes_layer_by_layer() -> None:
 @gpu
 @needs_gpu
 def test_a_first_call_during_capture_launches_layer_by_layer(monkeypatch) -> None:
-    monkeypatch.setattr(mlp_forward, "_COUNTERS", {})
+    monkeypatch.setattr(mlp_forward, "_EPOCHS", {})
+    monkeypatch.setattr(mlp_forward, "_SCRATCH", {})
     ws, bs = network([75, 64, 10])
     x = torch.randn(1, 75, device="cuda")
     mlp_forward.LAUNCHES.clear()
@@ -174,5 +225,5 @@ def test_a_first_call_during_capture_launches_layer_by_layer(monkeypatch) -> Non
             out = linear_act_stack(x, ws, bs, ["relu", "identity"])
         graph.replay()
         torch.cuda.synchronize()
-    assert not mlp_forward.LAUNCHES and not mlp_forward._COUNTERS
+    assert not mlp_forward.LAUNCHES and not mlp_forward._EPOCHS and not mlp_forward._SCRATCH
     torch.testing.assert_close(out.double(), exact(x, ws, bs, ["relu", "identity"]), rtol=1e-4, atol=1e-4)
