@@ -453,3 +453,13 @@ def test_without_optuna_the_search_says_how_to_get_it() -> None:
     assert done.stderr.strip().splitlines() == [
         "python -m bench.search: needs optuna, an optional dependency: pip install -e '.[search]'"
     ]
+
+
+def test_the_documented_training_space_loads_and_keeps_the_base_configuration_inside() -> None:
+    """The README's `--train-space --space docs/search-h100/train/space.toml` command: the
+    file narrows depth and width, keeps the default compression space, and the presets
+    (made at the base configuration) still enter the study."""
+    space = load_space(ROOT / "docs" / "search-h100" / "train" / "space.toml")
+    assert space.train["depth"] == (2, 3) and space.train["width"] == (128, 256, 512)
+    assert space.weights == Space().weights and space.sparsity == Space().sparsity
+    assert isinstance(preset_params(VARIANTS["bf16"], space, TrainConfig(), train_space=True), dict)
