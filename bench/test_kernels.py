@@ -20,9 +20,14 @@ from typing import Any
 import pytest
 import torch
 
+from model.mlp import MLP
 from model.train import precision_mode
 
 GPU_GRID = [(b, w) for b in (64, 128, 256, 512) for w in (128, 256, 512, 1024, 2048)]
+# Batch-1 serving shapes, (width, hidden blocks): the optimal configuration, the deepest, the
+# widest the one launch takes (2048 goes layer by layer); on a CPU one small network.
+SERVING_GPU = {"optimal": (512, 3), "blocks-5": (512, 5), "units-1024": (1024, 3)}
+SERVING_CPU = {"tiny": (32, 2)}
 CPU_GRID = [(64, 32)]  # Triton's interpreter: the code path, not the speed
 ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 SUMMARY = "loadbench-kernel-cells"
@@ -137,3 +142,63 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
         fraction_of_cublas=cublas / ours, strict_fp32_kernel=session.options.strict_fp32,
         launch=[e for e in launch_report() if e["kernel"] == "fwd" and e["shape"] == [batch, 2048, 2048]],
     )
+
+
+def _serving_cells() -> list[tuple[str, str]]:
+    if torch.cuda.is_available():
+        return [(shape, p) for shape in SERVING_GPU for p in ("fp32", "bf16")]
+    return [(shape, "fp32") for shape in SERVING_CPU]  # numpy, under the interpreter, has no bfloat16
+
+
+@pytest.mark.parametrize(("shape", "precision"), _serving_cells(), ids=lambda v: str(v))
+def test_batch1_forward(benchmark, request, shape: str, precision: str) -> None:
+    """The serving forward at batch 1: our one launch for every layer
+    (kernels/mlp_forward.py) against our kernels layer by layer and eager torch's, on the
+    same weights. pytest-benchmark times a graph replay plus stream sync of the one launch
+    (what a caller waits for; eager through the interpreter on a CPU); extra_info holds
+    each implementation's GPU time per forward from do_bench_cudagraph (forwards back to
+    back inside one graph, so it leaves out the gap between graph launches) and the
+    ratios. The one launch must be taken and agree with torch."""
+    from kernels import mlp_forward
+    from kernels.bench_cells import time_ms
+
+    device = request.config.pluginmanager.get_plugin("loadbench").options.device
+    cuda = device.type == "cuda"
+    width, depth = (SERVING_GPU if cuda else SERVING_CPU)[shape]
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    torch.manual_seed(0)
+    model = MLP(75, width, depth, 10, "leaky_relu").to(device, dtype).eval()
+    fused = MLP(75, width, depth, 10, "leaky_relu", impl="triton").to(device, dtype).eval()
+    fused.load_state_dict(model.state_dict())
+    x = torch.randn(1, 75, device=device, dtype=dtype)
+    key = (1, (75,) + (width,) * depth + (10,), str(dtype).removeprefix("torch."))
+    with torch.no_grad(), precision_mode("fp32"):
+        mlp_forward.LAUNCHES.clear()
+        got = fused(x)
+        assert key in mlp_forward.LAUNCHES, f"batch 1 through {key[1]} did not take the one launch"
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(got.float(), model(x).float(), rtol=tol, atol=tol)
+        times = {"one_launch": time_ms(lambda: fused(x), device, graph=cuda),
+                 "torch": time_ms(lambda: model(x), device, graph=cuda)}  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(mlp_forward, "ENABLED", False)
+            times["layer_by_layer"] = time_ms(lambda: fused(x), device, graph=cuda)
+        if cuda:
+            stream = torch.cuda.current_stream(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fused(x)
+            target = lambda: (graph.replay(), stream.synchronize())  # noqa: E731
+        else:
+            target = lambda: fused(x)  # noqa: E731
+        benchmark.group = f"batch1-forward-{precision}"
+        benchmark.pedantic(target, rounds=1000 if cuda else 3, warmup_rounds=50 if cuda else 1)
+    benchmark.extra_info.update(
+        shape=shape, widths=list(key[1]), precision=precision, launch=mlp_forward.LAUNCHES[key],
+        gpu_us_per_forward={k: v * 1000 for k, v in times.items()} if cuda else None,
+        host_us_per_forward=None if cuda else {k: v * 1000 for k, v in times.items()},
+        one_launch_speedup={k: times[k] / times["one_launch"] for k in ("torch", "layer_by_layer")},
+        notes=[] if cuda else ["CPU: Triton's interpreter and eager torch, one call each; the code path, not the speed"],
+    )
+    assert all(v > 0 and math.isfinite(v) for v in times.values())
+
