@@ -19,7 +19,7 @@ that sees the tags holds the values, with no fence, counter or second load betwe
 layers. NCCL's low-latency (LL) protocol hands data between GPUs the same way. The
 grid barrier this replaced (a release atomic on an arrival counter, acquire polls,
 then the row's load, per layer, and a last arrival to reset the counter) took 9.1 us
-of GPU time per replay through 75-512-512-512-10 at batch 1 on an H100, against 6.6 us
+of GPU time per replay through 75-512-512-512-10 at batch 1 on an H100, against 6.7 us
 for this form (docs/results-h100.md).
 
 Tags: each stream slot holds one epoch per possible program, all equal between
@@ -104,6 +104,13 @@ def _read(src, x_ptr, offs_m, offs_k, M, K, tag, PACKED: tl.constexpr):
         word = tl.load(ptrs, mask=mask, other=0, volatile=True)
         while tl.min(tl.where(mask, (word >> 32).to(tl.int32) == tag, 1).to(tl.int32)) == 0:
             word = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        # The reduction counts each element once, but where the layout gives an element to
+        # several threads, each loaded a copy of its own and one may predate the copy that
+        # was counted (on an H100 a forward of 128-wide layers on 8 warps read stale words).
+        # Such a copy is loaded again, after the reduction's synchronisation, so after a
+        # load that saw the tag: it sees the tag too. With no stale copy no lane loads.
+        stale = mask & ((word >> 32).to(tl.int32) != tag)
+        word = tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), word)
         return word.to(tl.uint32).to(tl.float32, bitcast=True)
     else:
         return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)

@@ -201,6 +201,37 @@ def test_on_the_gpu_no_launch_reads_another_launchs_words(monkeypatch) -> None:
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize(("widths", "rows"), [([8, 8, 8, 4], 1), ([8, 8, 8, 4], 3), ([75, 128, 8192], 1)],
+                         ids=["tiny", "tiny-3-rows", "wide-head-8-warps"])  # fmt: skip
+def test_on_the_gpu_inputs_smaller_than_the_program_read_fresh_words(widths, rows) -> None:
+    """A layer's input with fewer elements than the program has threads is held by
+    several threads at once, each loading its own copy while it waits; every copy must
+    carry the launch's tag before it is used. 300 eager launches and 300 replays, each
+    with new inputs, against float64."""
+    ws, bs = network(widths, seed=3)
+    acts = ["relu"] * (len(ws) - 1) + ["identity"]
+    xs = torch.randn(300, rows, widths[0], device="cuda")
+    mlp_forward.LAUNCHES.clear()
+    with torch.no_grad():
+        eager = torch.stack([linear_act_stack(x, ws, bs, acts) for x in xs])
+        static = torch.zeros(rows, widths[0], device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = linear_act_stack(static, ws, bs, acts)
+        replayed = []
+        for x in xs:
+            static.copy_(x)
+            graph.replay()
+            replayed.append(out.clone())
+        torch.cuda.synchronize()
+    assert list(mlp_forward.LAUNCHES) == [(rows, tuple(widths), "float32")]  # one launch, eager and captured
+    expected = torch.stack([exact(x, ws, bs, acts) for x in xs])
+    torch.testing.assert_close(eager.double(), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.stack(replayed).double(), expected, rtol=1e-4, atol=1e-4)
+
+
+@gpu
+@needs_gpu
 def test_on_the_gpu_width_2048_goes_layer_by_layer() -> None:
     ws, bs = network([75, 2048, 2048, 10])
     x = torch.randn(1, 75, device="cuda")
