@@ -16,7 +16,9 @@ tag in the high half, written by one store. A program reading a layer's input lo
 the row's words (volatile: from L2, never a stale L1 line) until every one carries
 this launch's tag; value and tag travel in one single-copy-atomic word, so the load
 that sees the tags holds the values, with no fence, counter or second load between
-layers. NCCL's low-latency (LL) protocol hands data between GPUs the same way. The
+layers (a thread whose copy of a word is still stale when the wait ends, as happens
+where the layout gives a word to several threads, loads it once more: `_read`).
+NCCL's low-latency (LL) protocol hands data between GPUs the same way. The
 grid barrier this replaced (a release atomic on an arrival counter, acquire polls,
 then the row's load, per layer, and a last arrival to reset the counter) took 9.1 us
 of GPU time per replay through 75-512-512-512-10 at batch 1 on an H100, against 6.7 us
@@ -28,11 +30,11 @@ within [1, 2^31 - 1]) and, when done, stores that tag into entry p and every ent
 program of this launch owns (q with q mod P == p), so each entry is written only by
 the program that reads it, after reading it, and the next launch, whatever its P,
 finds them equal. The kernel has no atomic and no barrier; no memset precedes a
-launch, and a CUDA graph replays it as one node. A word left by an earlier launch carries an older tag;
-it would pass for this launch's only if written exactly 2^31 - 1 launches earlier on
-the same slot and never rewritten since (NCCL's LL flags wrap alike). Scratch rows are
-per slot too, zeroed when allocated; a larger forward allocates larger ones and the
-old stay alive, so a captured graph's pointers stay valid.
+launch, and a CUDA graph replays it as one node. A word left by an earlier launch
+carries an older tag; it would pass for this launch's only if written exactly
+2^31 - 1 launches earlier on the same slot and never rewritten since (NCCL's LL flags
+wrap alike). Scratch rows are per slot too, zeroed when allocated; a larger forward
+allocates larger ones and the old stay alive, so a captured graph's pointers stay valid.
 
 Slots are per stream: two launches on one stream never overlap, eager launches on two
 streams take two slots. A captured launch keeps its capture stream's slot, so two
@@ -130,6 +132,17 @@ def _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION: tl.
 
 
 @triton.jit
+def _w_strip(w_ptr, offs_n, offs_k, N, K):
+    return tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _products(a, w, x_ptr):
+    """sum_k a[m, k] * w[n, k] in fp32, W rounded to the activations' dtype first."""
+    return tl.sum(a[:, None, :] * w.to(x_ptr.dtype.element_ty).to(tl.float32)[None, :, :], axis=2)
+
+
+@triton.jit
 def _step(
     src, w_ptr, b_ptr, dst, x_ptr, M, N, K, slope, pid, programs, tag,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr, FITS: tl.constexpr, ACTIVATION: tl.constexpr,
@@ -144,10 +157,9 @@ def _step(
         if pid * BLOCK_N < N:  # a narrower layer than the widest leaves the last programs idle: no wait
             offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
             offs_k = tl.arange(0, BLOCK_K)
-            w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+            w = _w_strip(w_ptr, offs_n, offs_k, N, K)
             b = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)
-            a = _read(src, x_ptr, offs_m, offs_k, M, K, tag, IN_PACKED)
-            acc = tl.sum(a[:, None, :] * w.to(x_ptr.dtype.element_ty).to(tl.float32)[None, :, :], axis=2)
+            acc = _products(_read(src, x_ptr, offs_m, offs_k, M, K, tag, IN_PACKED), w, x_ptr)
             _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION, OUT_PACKED)
     else:
         for n0 in range(pid * BLOCK_N, N, programs * BLOCK_N):
@@ -156,8 +168,7 @@ def _step(
             for k0 in range(0, K, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 a = _read(src, x_ptr, offs_m, offs_k, M, K, tag, IN_PACKED)
-                w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
-                acc += tl.sum(a[:, None, :] * w.to(x_ptr.dtype.element_ty).to(tl.float32)[None, :, :], axis=2)
+                acc += _products(a, _w_strip(w_ptr, offs_n, offs_k, N, K), x_ptr)
             b = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)
             _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION, OUT_PACKED)
 
