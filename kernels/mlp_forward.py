@@ -98,20 +98,25 @@ LAUNCHES: dict[tuple, dict[str, Any]] = {}  # (rows, widths, dtype) -> what laun
 
 
 @triton.jit
-def _read(src, x_ptr, offs_m, offs_k, M, K, tag, PACKED: tl.constexpr):
+def _tag(word):
+    return (word >> 32).to(tl.int32)
+
+
+@triton.jit
+def _read(src, offs_m, offs_k, M, K, tag, PACKED: tl.constexpr):
     """Rows of a layer's input in fp32: X itself, or scratch words once all carry `tag`."""
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     ptrs = src + offs_m[:, None] * K + offs_k[None, :]
     if PACKED:
         word = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        while tl.min(tl.where(mask, (word >> 32).to(tl.int32) == tag, 1).to(tl.int32)) == 0:
+        while tl.min(tl.where(mask, _tag(word) == tag, 1).to(tl.int32)) == 0:
             word = tl.load(ptrs, mask=mask, other=0, volatile=True)
         # The reduction counts each element once, but where the layout gives an element to
         # several threads, each loaded a copy of its own and one may predate the copy that
         # was counted (on an H100 a forward of 128-wide layers on 8 warps read stale words).
         # Such a copy is loaded again, after the reduction's synchronisation, so after a
         # load that saw the tag: it sees the tag too. With no stale copy no lane loads.
-        stale = mask & ((word >> 32).to(tl.int32) != tag)
+        stale = mask & (_tag(word) != tag)
         word = tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), word)
         return word.to(tl.uint32).to(tl.float32, bitcast=True)
     else:
@@ -159,7 +164,7 @@ def _step(
             offs_k = tl.arange(0, BLOCK_K)
             w = _w_strip(w_ptr, offs_n, offs_k, N, K)
             b = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)
-            acc = _products(_read(src, x_ptr, offs_m, offs_k, M, K, tag, IN_PACKED), w, x_ptr)
+            acc = _products(_read(src, offs_m, offs_k, M, K, tag, IN_PACKED), w, x_ptr)
             _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION, OUT_PACKED)
     else:
         for n0 in range(pid * BLOCK_N, N, programs * BLOCK_N):
@@ -167,7 +172,7 @@ def _step(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
-                a = _read(src, x_ptr, offs_m, offs_k, M, K, tag, IN_PACKED)
+                a = _read(src, offs_m, offs_k, M, K, tag, IN_PACKED)
                 acc += _products(a, _w_strip(w_ptr, offs_n, offs_k, N, K), x_ptr)
             b = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)
             _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION, OUT_PACKED)

@@ -137,7 +137,8 @@ def test_training_and_serving_in_one_run_each_go_to_their_view(tmp_path) -> None
 def test_the_inference_view_joins_the_serving_runs_of_the_newest_commit(tmp_path) -> None:
     """A matrix served a configuration at a time: the runs of one commit and GPU make one
     view, a case served twice shows its newer record, another commit stays out."""
-    from bench.tools.report import serving_records
+    from bench.tools.report import records_of
+    from bench.tools.report import serving_runs
 
     data = json.loads(RUN.read_text())
 
@@ -157,7 +158,7 @@ def test_the_inference_view_joins_the_serving_runs_of_the_newest_commit(tmp_path
     second = run_file("b.json", "aaaa111", "2026-01-02T04:00:00", "units-1024", first_accuracy=0.5)
     other = run_file("c.json", "bbbb222", "2026-01-01T00:00:00", "act-silu")
     runs, _ = load_runs([first, second, other])
-    records = serving_records(runs)
+    records = records_of(serving_runs(runs))
     original = json.loads(RUN.read_text())["benchmarks"][0]["extra_info"]
 
     def key(r: dict[str, Any]) -> tuple[str, str, str]:
@@ -176,7 +177,7 @@ def test_the_inference_view_joins_the_serving_runs_of_the_newest_commit(tmp_path
     raw.pop("commit_info")
     unknown.write_text(json.dumps(raw))
     runs, _ = load_runs([first, second, unknown])
-    assert {r["case"] for r in serving_records(runs)} == {"batch-64"}  # alone: no commit to join by
+    assert {r["case"] for r in records_of(serving_runs(runs))} == {"batch-64"}  # alone: no commit to join by
 
 
 def test_serving_commits_join_a_matrix_served_at_several_commits(tmp_path, capsys) -> None:

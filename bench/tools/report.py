@@ -294,11 +294,6 @@ def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, 
     return found
 
 
-def serving_records(serving: list[Run], commits: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The serving records of the runs `serving_runs` joins."""
-    return records_of(serving_runs(serving, commits))
-
-
 def records_of(runs: list[Run]) -> list[dict[str, Any]]:
     """The serving records of `runs` (oldest first), in the study's order; a case served
     twice shows its newest record."""
