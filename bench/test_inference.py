@@ -34,9 +34,13 @@ from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import GpuProbe
 from bench.monitor.sampler import LoadMonitor
 from bench.plugin import get_session
+from bench.plugin.budgets import check_drop_growth
 from bench.plugin.budgets import check_inference
 from bench.plugin.compare import case_history
 from bench.plugin.compare import check_latency
+from bench.plugin.compare import estimate_noise
+from bench.plugin.compare import latency_rounds
+from bench.plugin.verdict import decide
 from bench.plugin.fixture import LoadBench
 from model.compress import VARIANTS
 from model.compress import Unsupported
@@ -151,16 +155,31 @@ def test_serving(benchmark, request, case: Case, variant: str, impl: str) -> Non
 
 def judge(session: Any, benchmark: Any, case: Case, variant: str, record: dict[str, Any]) -> None:
     """Budgets and the baseline's p99, inside the test: each broken limit is one line of
-    this test's failure, and the record is already in extra_info."""
+    this test's failure, and the record (with its verdict) is already in extra_info."""
     options = session.options
     budget = session.budgets.resolve_inference(options.profile.name, variant, case.id, options.dataset)
-    failures = check_inference(budget, record)
     found = session.baseline_for(benchmark.fullname)
+    budget_failures = check_inference(budget, record)
+    baseline_failures = []
+    noise = None
     if found is not None:
         baseline, saved = found
+        history = case_history(baseline.history, benchmark.fullname) or [saved.get("extra_info", {})]
+        noise = estimate_noise(history, record, samples=latency_rounds)
         if baseline.gating:
-            history = case_history(baseline.history, benchmark.fullname) or [saved.get("extra_info", {})]
-            failures += check_latency(budget, record, saved.get("extra_info", {}), history=history)
-    if failures:
-        lines = "\n".join(f"  {f.message}" for f in failures)
-        pytest.fail(f"{case.id} {variant} {record['impl']}: {len(failures)} budget(s) broken\n{lines}", pytrace=False)
+            baseline_failures = check_latency(budget, record, saved.get("extra_info", {}), history=history)
+            baseline_failures += check_drop_growth(budget, record, saved.get("extra_info", {}))
+    verdict = decide(
+        budget_failures, baseline_failures,
+        baseline=str(found[0].path) if found is not None else None,
+        gating=found[0].gating if found is not None else False,
+        reason=found[0].reason if found is not None else session.no_baseline_reason,
+        noise=noise,
+    )  # fmt: skip
+    record["verdict"] = verdict.as_dict()
+    benchmark.extra_info["verdict"] = record["verdict"]
+    if verdict.failures:
+        lines = "\n".join(f"  {f.message}" for f in verdict.failures)
+        pytest.fail(
+            f"{case.id} {variant} {record['impl']}: {len(verdict.failures)} budget(s) broken\n{lines}", pytrace=False
+        )

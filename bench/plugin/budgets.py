@@ -100,15 +100,21 @@ class InferenceBudget:
     latency_noise_k: float | None = None
     latency_noise_unknown_pct: float | None = None
     latency_alpha: float | None = None
+    # A variant whose drop is a measured trade-off (prune-90): no fixed drop limit; its drop
+    # is recorded and may grow by at most accuracy_drop_growth_max over the baseline run's.
+    trade_off: bool | None = None
+    accuracy_drop_growth_max: float | None = None
 
 
 INFERENCE_KEYS = tuple(f.name for f in fields(InferenceBudget))
 INFERENCE_DATASET_KEYS = ("latency_p99_us_max", "throughput_4096_min")
 _INFERENCE_RANGES = {
     "accuracy_drop_vs_fp32_max": (0.0, 1.0),
+    "accuracy_drop_growth_max": (0.0, 1.0),
     "latency_alpha": (1e-9, 0.5),
     "latency_noise_k": (0.0, 100.0),
 }
+BOOLEAN_KEYS = ("trade_off",)
 # Floors and ceilings: set for one dataset, so allowed only under [datasets.<name>].
 DATASET_KEYS = ("accuracy_min", "macro_f1_min", "vram_peak_mib_max", "rss_peak_mib_max", "energy_per_epoch_j_max")
 LEVELS = ("defaults", "experiments", "cases")
@@ -174,7 +180,7 @@ class Budgets:
                 merged.update(tables.get("defaults", {}))
                 merged.update(tables.get("variants", {}).get(variant, {}))
                 merged.update(tables.get("cases", {}).get(case_id, {}))
-        return InferenceBudget(**{k: float(v) for k, v in merged.items()})
+        return InferenceBudget(**{k: v if isinstance(v, bool) else float(v) for k, v in merged.items()})
 
     def datasets(self) -> list[str]:
         """The datasets this file sets floors and ceilings for."""
@@ -206,6 +212,10 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
         for key, value in table.items():  # type: ignore[union-attr]
             if key not in keys:
                 fail(where, f"unknown key {key!r}{hint(key, keys)}; known keys: {', '.join(keys)}")
+            if key in BOOLEAN_KEYS:
+                if not isinstance(value, bool):
+                    fail(where, f"{key} = {value!r} must be true or false")
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 fail(where, f"{key} = {value!r} must be a number")
             low, high = ranges.get(key, (0.0, float("inf")))
@@ -314,7 +324,7 @@ def check_inference(budget: InferenceBudget, record: dict[str, Any]) -> list[Fai
     throughput at batch 4096; a figure not measured (None) is not judged."""
     out = []
     drop = record.get("accuracy_drop")
-    if budget.accuracy_drop_vs_fp32_max is not None and drop is not None and drop > budget.accuracy_drop_vs_fp32_max:
+    if not budget.trade_off and budget.accuracy_drop_vs_fp32_max is not None and drop is not None and drop > budget.accuracy_drop_vs_fp32_max:
         out.append(Failure("accuracy_drop_vs_fp32", drop, budget.accuracy_drop_vs_fp32_max, None,
                            f"accuracy {record.get('accuracy', float('nan')):.4f} against the fp32 model's"))  # fmt: skip
     p99, what = judged_p99(record)
@@ -326,3 +336,16 @@ def check_inference(budget: InferenceBudget, record: dict[str, Any]) -> list[Fai
         out.append(Failure("throughput_4096", throughput, budget.throughput_4096_min, None,
                            "samples/s at batch 4096 below its floor"))  # fmt: skip
     return out
+
+
+def check_drop_growth(budget: InferenceBudget, record: dict[str, Any], baseline: dict[str, Any]) -> list[Failure]:
+    """A trade-off variant's accuracy drop against the baseline run's drop of the same
+    variant and case: it may grow by at most accuracy_drop_growth_max (absolute)."""
+    drop, then = record.get("accuracy_drop"), baseline.get("accuracy_drop")
+    limit = budget.accuracy_drop_growth_max
+    if not budget.trade_off or limit is None or drop is None or then is None:
+        return []
+    if drop - then <= limit:
+        return []
+    return [Failure("accuracy_drop_growth", drop - then, limit, then,
+                    f"drop against the fp32 model {drop:.4f} now, {then:.4f} in the baseline")]  # fmt: skip

@@ -35,6 +35,7 @@ from bench.plugin.compare import explain
 from bench.plugin.compare import time_limit
 from bench.plugin.compare import time_samples
 from bench.plugin.plant import plant_slowdown
+from bench.plugin.verdict import decide
 from bench.plugin.session import LoadBenchSession
 from model.config import TrainConfig
 from model.cost import training_cost
@@ -186,9 +187,11 @@ class LoadBench:
         session = self.session
         options = session.options
         budget = session.budgets.resolve(options.profile.name, case.experiment, case.id, options.dataset)
-        failures: list[Failure] = check_floors(budget, record) + check_ceilings(budget, record)
-        entry: dict[str, Any] = {"case": case, "record": record, "failures": failures, "deltas": None, "noise": None}
+        budget_failures: list[Failure] = check_floors(budget, record) + check_ceilings(budget, record)
+        baseline_failures: list[Failure] = []
+        entry: dict[str, Any] = {"case": case, "record": record, "failures": [], "deltas": None, "noise": None}
         found = session.baseline_for(self.benchmark.fullname)
+        baseline = None
         if found is not None:
             baseline, saved = found
             history = case_history(baseline.history, self.benchmark.fullname) or [saved.get("extra_info", {})]
@@ -204,7 +207,18 @@ class LoadBench:
             self.benchmark.extra_info["time_gate"] = record["time_gate"]
             if baseline.gating:
                 found_failures = check_against(budget, record, saved.get("extra_info", {}), history=history)
-                failures += [explain(f, record, saved.get("extra_info", {})) for f in found_failures]
+                baseline_failures = [explain(f, record, saved.get("extra_info", {})) for f in found_failures]
+        verdict = decide(
+            budget_failures, baseline_failures,
+            baseline=str(baseline.path) if baseline is not None else None,
+            gating=baseline.gating if baseline is not None else False,
+            reason=baseline.reason if baseline is not None else session.no_baseline_reason,
+            noise=entry["noise"],
+        )  # fmt: skip
+        record["verdict"] = verdict.as_dict()
+        self.benchmark.extra_info["verdict"] = record["verdict"]
+        failures = list(verdict.failures)
+        entry["failures"] = failures
         session.records.append(entry)
         if failures:
             lines = "\n".join(f"  {f.message}" for f in failures)

@@ -151,6 +151,15 @@ class LoadBenchSession:
                 return entry["record"]
         return None
 
+    @property
+    def no_baseline_reason(self) -> str:
+        """Why a case had nothing to be compared with, for its verdict."""
+        if not self.config.getoption("benchmark_compare", None):
+            return "no baseline given (--benchmark-compare): budgets only"
+        if not self.baselines:
+            return "no saved run to compare with yet: budgets only"
+        return "not in the baseline run (a new case): budgets only"
+
     def baseline_for(self, fullname: str) -> tuple[Baseline, dict[str, Any]] | None:
         for baseline in self.baselines:
             if fullname in baseline.benchmarks:
