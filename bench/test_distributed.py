@@ -65,6 +65,7 @@ CASES = [
 
 
 @pytest.mark.distributed
+@pytest.mark.nightly  # minutes of torchrun start-ups; scaling is not what a pull request changes
 @pytest.mark.parametrize(("dp", "width", "scaling", "batch"), CASES)
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"world-{w}")
 def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, width: int, scaling: str, batch: int) -> None:

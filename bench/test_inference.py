@@ -53,6 +53,7 @@ from model.inference import evaluate
 pytestmark = pytest.mark.serving
 
 SMOKE_CASES = ("blocks-3",)  # the optimal configuration (every experiment holds it once)
+PR_CASES = ("blocks-3",)  # the pull-request tier serves the optimal configuration; the rest is nightly
 CACHE_ENV = "LOADBENCH_MODEL_CACHE"
 RECORD_KEYS = (
     "latency_graph_s", "latency_eager_s", "latency_p99_s", "latency_mode", "latency_p99_by_round_s",
@@ -62,17 +63,24 @@ RECORD_KEYS = (
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """case x variant x impl; the smoke profile keeps only the optimal configuration."""
+    """case x variant x impl; the smoke profile keeps only the optimal configuration, and
+    every other configuration belongs to the nightly tier."""
     if "variant" not in metafunc.fixturenames:
         return
     session = get_session(metafunc.config)
     cases = [case for name in EXPERIMENTS for case in experiment_cases(name)]
     if session is not None and session.options.profile.name == "smoke":
         cases = [case for case in cases if case.id in SMOKE_CASES]
+    nightly = [pytest.mark.nightly]
     metafunc.parametrize(
         ("case", "variant", "impl"),
-        [(case, variant, impl) for case in cases for variant in VARIANTS for impl in IMPLS],
-        ids=[f"{case.id}-{variant}-{impl}" for case in cases for variant in VARIANTS for impl in IMPLS],
+        [
+            pytest.param(case, variant, impl, id=f"{case.id}-{variant}-{impl}",
+                         marks=() if case.id in PR_CASES else nightly)  # fmt: skip
+            for case in cases
+            for variant in VARIANTS
+            for impl in IMPLS
+        ],
     )
 
 

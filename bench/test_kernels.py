@@ -33,13 +33,26 @@ ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 SUMMARY = "loadbench-kernel-cells"
 
 
-def _grid() -> list[tuple[int, int, str]]:
+# The cells of the pull-request tier: the study's batch across widths 128, 512 and 2048, its
+# width at the smallest batch, and silu (the one activation whose backward re-reads its
+# pre-activation); every other cell runs in the nightly tier.
+PR_CELLS = {(512, 128, "leaky_relu"), (512, 512, "leaky_relu"), (512, 2048, "leaky_relu"),
+            (64, 512, "leaky_relu"), (512, 512, "silu"), (64, 32, "leaky_relu")}  # fmt: skip
+PR_SERVING = {"optimal", "tiny"}
+
+
+def _tier(values: tuple[object, ...], pr: bool) -> object:
+    return pytest.param(*values, marks=() if pr else [pytest.mark.nightly])
+
+
+def _grid() -> list[object]:
     """The batch x width grid with leaky_relu (the study's optimum), and every
-    activation at batch 512 x width 512."""
+    activation at batch 512 x width 512; cells outside PR_CELLS are nightly."""
     grid = GPU_GRID if torch.cuda.is_available() else CPU_GRID
     cells = [(b, w, "leaky_relu") for b, w in grid]
     b, w = grid[-1] if not torch.cuda.is_available() else (512, 512)
-    return cells + [(b, w, a) for a in ACTIVATIONS if a != "leaky_relu"]
+    cells += [(b, w, a) for a in ACTIVATIONS if a != "leaky_relu"]
+    return [_tier(cell, cell in PR_CELLS) for cell in cells]
 
 
 class CellSummary:
@@ -114,6 +127,7 @@ def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, ac
     assert times["triton_eager_ms"] and (times["triton_graph_ms"] or not cuda)
 
 
+@pytest.mark.nightly
 @pytest.mark.parametrize("batch", [4096, 8192])
 def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
     """The strict-fp32 GEMM core at large shapes: identity activation vs torch.mm (cuBLAS
@@ -144,10 +158,12 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
     )
 
 
-def _serving_cells() -> list[tuple[str, str]]:
+def _serving_cells() -> list[object]:
     if torch.cuda.is_available():
-        return [(shape, p) for shape in SERVING_GPU for p in ("fp32", "bf16")]
-    return [(shape, "fp32") for shape in SERVING_CPU]  # numpy, under the interpreter, has no bfloat16
+        cells = [(shape, p) for shape in SERVING_GPU for p in ("fp32", "bf16")]
+    else:
+        cells = [(shape, "fp32") for shape in SERVING_CPU]  # numpy, under the interpreter, has no bfloat16
+    return [_tier(cell, cell[0] in PR_SERVING) for cell in cells]
 
 
 @pytest.mark.parametrize(("shape", "precision"), _serving_cells(), ids=lambda v: str(v))

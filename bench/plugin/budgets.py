@@ -171,15 +171,18 @@ class Budgets:
         return Budget(**{k: float(v) for k, v in merged.items()})
 
     def resolve_inference(self, profile: str, variant: str, case_id: str, dataset: str = "synthetic") -> InferenceBudget:
-        """The serving limits of one variant of one case: defaults < variants < cases at each
-        scope, scopes in the order `resolve` uses."""
+        """The serving limits of one variant of one case: defaults < variants < cases < one
+        variant of one case (``cases."id".variants."V"``) at each scope, scopes in the order
+        `resolve` uses."""
         merged: dict[str, float] = {}
         for root in (self.tables, self.tables.get("datasets", {}).get(dataset_key(dataset), {})):
             for scope in (root, root.get("profiles", {}).get(profile, {})):
                 tables = scope.get("inference", {})
                 merged.update(tables.get("defaults", {}))
                 merged.update(tables.get("variants", {}).get(variant, {}))
-                merged.update(tables.get("cases", {}).get(case_id, {}))
+                case = tables.get("cases", {}).get(case_id, {})
+                merged.update({k: v for k, v in case.items() if k != "variants"})
+                merged.update(case.get("variants", {}).get(variant, {}))
         return InferenceBudget(**{k: v if isinstance(v, bool) else float(v) for k, v in merged.items()})
 
     def datasets(self) -> list[str]:
@@ -225,6 +228,14 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                 fail(where, f"{key} is a floor or ceiling, which holds for one dataset: set it under "
                             f"[datasets.synthetic.{where}] (the embedded data) or [datasets.\"FILE.csv\".{where}]")  # fmt: skip
 
+    def check_variants(where: str, table: object, in_dataset: bool) -> None:
+        if not isinstance(table, dict):
+            fail(where, "must be a table")
+        for variant, limits in table.items():  # type: ignore[union-attr]
+            if variant not in VARIANTS:
+                fail(f"{where}.{_bare(variant)}", f"unknown variant {variant!r}{hint(variant, VARIANTS)}")
+            check_limits(f"{where}.{_bare(variant)}", limits, in_dataset, serving=True)
+
     def check_inference(where: str, table: object, in_dataset: bool) -> None:
         if not isinstance(table, dict):
             fail(where, "must be a table")
@@ -239,6 +250,9 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                     if key not in allowed:
                         what = "variant" if name == "variants" else "case id"
                         fail(f"{where}.{name}.{_bare(key)}", f"unknown {what} {key!r}{hint(key, allowed)}")
+                    if name == "cases" and isinstance(limits, dict) and "variants" in limits:
+                        limits = dict(limits)
+                        check_variants(f"{where}.{name}.{_bare(key)}.variants", limits.pop("variants"), in_dataset)
                     check_limits(f"{where}.{name}.{_bare(key)}", limits, in_dataset, serving=True)
             else:
                 fail(f"{where}.{_bare(name)}", f"unknown table {name!r}{hint(name, ('defaults', 'variants', 'cases'))}; "

@@ -29,6 +29,7 @@ PROFILES = {
     "quick": Profile("quick", 1.0, 40, 1, "all frames, 40 epochs: accuracy budgets mean something"),
     "thesis": Profile("thesis", 1.0, 400, 1, "all frames, the study's 400 epochs"),
 }
+TIERS = ("pr", "nightly")  # the nightly tier is every case; the pr tier leaves out cases marked nightly
 DEFAULT_BUDGETS = Path(__file__).resolve().parents[1] / "budgets.toml"
 
 
@@ -128,6 +129,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--latency-pin", choices=("off", "on"), default="off",
                     help="on: hold the thread that times batch-1 serving latency on one CPU while it "
                          "times (Linux); recorded in the run's settings. Default: %(default)r")  # fmt: skip
+    group.addoption("--tier", choices=TIERS, default="pr",
+                    help="pr: the pull-request gate (the five experiments, the loops, the kernel cells that tell "
+                         "the kernel's story, the optimal configuration served); nightly: every case, cases marked "
+                         "nightly too (the whole serving matrix, data parallel, every kernel cell). Default: %(default)r")  # fmt: skip
     group.addoption("--plant-slowdown", type=parse_plant, default=None, metavar="PCT[:host|gpu]",
                     help="make every timed epoch PCT%% slower (host sleep or GPU spin): tests the time gate; "
                          "recorded in the run's settings")  # fmt: skip
@@ -152,6 +157,7 @@ class Options:
     trace: bool
     cold_caches: bool
     latency_pin: bool
+    tier: str
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
@@ -189,6 +195,7 @@ class Options:
             trace=config.getoption("kernel_trace"),
             cold_caches=config.getoption("cold_caches"),
             latency_pin=config.getoption("latency_pin") == "on",
+            tier=config.getoption("tier"),
         )
 
     def header(self) -> str:

@@ -21,6 +21,7 @@ from bench.plugin.budgets import BudgetError
 from bench.monitor.sampler import GpuProbe
 from bench.plugin.budgets import dataset_key
 from bench.plugin.caches import KernelCaches
+from bench.plugin.compare import HISTORY_SETTINGS
 from bench.plugin.compare import RECORD_KEY
 from bench.plugin.compare import Baseline
 from bench.plugin.compare import BaselineError
@@ -73,6 +74,7 @@ class LoadBenchSession:
         self.records: list[dict[str, Any]] = []  # one per case run, for the summary
         self.shared: dict[str, Any] = {}  # measurements later cases of the session compare with
         self._dataset: Dataset | None = None
+        self.left_to_nightly = 0  # cases of the nightly tier this pr-tier run left out
         self.interrupted: list[str] = []  # cases left out of the saved run by an interrupt
         self.partial = PartialRun(config)  # the run so far, beside --benchmark-json
         self.started = datetime.datetime.now(datetime.timezone.utc)
@@ -112,6 +114,7 @@ class LoadBenchSession:
             "shard_durations": self.config.getoption("shard_durations") if shard else None,
             "plant": str(o.plant) if o.plant else None,
             "latency_pin": o.latency_pin,
+            "tier": o.tier,
             "kernel_caches": self.caches.state,
         }
 
@@ -203,7 +206,7 @@ class LoadBenchSession:
         baseline = make_baseline(name, compared_benchmark, machine_info)
         theirs = compared_benchmark["machine_info"][RECORD_KEY].get("settings", {})
         ours = self.settings()
-        for key in ("profile", "epochs", "dataset", "plant", "latency_pin"):
+        for key in HISTORY_SETTINGS:  # the keys same_measurement compares: the report and compare judge alike
             if baseline.gating and setting(theirs, key) != ours[key]:
                 baseline.gating = False
                 baseline.reason = (f"baseline ran {key}={setting(theirs, key)!r}, this run {key}={ours[key]!r}: "
@@ -245,8 +248,16 @@ class LoadBenchSession:
                 if str(baseline.path) == str(run.get("datetime", "baseline")):
                     baseline.history = history
 
+    @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """--shard i/n: keep the i-th shard's cases (bench/tools/shards.py says which)."""
+        """After -k and -m have deselected: leave out the nightly cases in the pr tier, then
+        with --shard i/n keep the i-th shard of what is left (bench/tools/shards.py says which)."""
+        if self.options.tier == "pr":
+            nightly = [item for item in items if item.get_closest_marker("nightly") is not None]
+            if nightly:
+                self.left_to_nightly = len(nightly)
+                items[:] = [item for item in items if item.get_closest_marker("nightly") is None]
+                config.hook.pytest_deselected(items=nightly)
         shard = config.getoption("shard")
         if shard is None:
             return
@@ -301,6 +312,11 @@ class LoadBenchSession:
             terminalreporter.write_sep("-", "mlp-loadbench")
             for line in render_summary(self.records, notes):
                 terminalreporter.write_line(line)
+        if self.left_to_nightly:
+            terminalreporter.write_line(
+                f"mlp-loadbench: tier pr: {self.left_to_nightly} case(s) of the nightly tier left out "
+                "(--tier nightly runs them)"
+            )
         if self.interrupted:
             saved = "saved the finished cases" if self.saving else "stored nothing"
             terminalreporter.write_line(

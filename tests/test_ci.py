@@ -1,0 +1,124 @@
+"""`python -m bench.tools.ci` end to end on the CPU: main's runs stored, pull requests
+judged against them, the job summary written from the gate's verdicts.
+
+Epoch times are planted on the trainer's clock (tests/test_harness.py's PLANTED_CLOCK), so
+the gate's decisions do not depend on how busy this machine is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.tools.ci import find_baseline
+from bench.tools.ci import junit_failures
+from bench.tools.ci import summary_markdown
+from bench.tools.ci import wanted_settings
+from model.data import synthesize
+from model.data import write_csv
+from tests.test_harness import CASES
+from tests.test_harness import CONFTEST
+
+GATE = "[defaults]\ntime_slower_pct = 10\ntime_noise_k = 3\ntime_noise_unknown_pct = 25\ntime_alpha = 0.01\n"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A folder laid out like a user's checkout: conftest, two tiny cases, a CSV, budgets."""
+    root = tmp_path_factory.mktemp("project")
+    (root / "conftest.py").write_text(CONFTEST)
+    (root / "test_cases.py").write_text(CASES)
+    (root / "budgets.toml").write_text(GATE)
+    write_csv(synthesize(scale=0.02), root / "tiny.csv")
+    return root
+
+
+def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PLANTED_EPOCH_S": str(epoch_s), "PYTHONPATH": str(ROOT), "GITHUB_STEP_SUMMARY": ""}
+    env.pop("GITHUB_SHA", None)
+    command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(project / "main-runs"),
+               "--out", str(project / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", *extra,
+               "--", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", "-q"]  # fmt: skip
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_ci_gates_a_pull_request_against_mains_stored_runs(project: Path) -> None:
+    for i in range(3):  # main stores three runs: enough for the noise to be known
+        done = ci(project, "main", f"main{i}", 0.1)
+        assert done.returncode == 0, done.stdout + done.stderr
+    stored = sorted((project / "main-runs").glob("*/*.json"))
+    assert len(stored) == 3
+
+    slow = ci(project, "pr", "pr-slow", 0.14)  # every epoch 40% slower
+    summary = (project / "pr-slow" / "summary.md").read_text()
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "FAILED" in summary and "2 regressed" in summary
+    assert "**test_small** (regressed)" in summary and "**test_other** (regressed)" in summary
+    assert "epoch_time_ratio = 1.4 breaks its limit 1.1" in summary  # the budget's 10%: the spread is known
+    assert "Noise unknown" not in summary
+    assert stored[-1].name in summary  # the baseline is main's newest run
+    assert len(sorted((project / "main-runs").glob("*/*.json"))) == 3  # a pull request stores nothing
+
+    same = ci(project, "pr", "pr-same", 0.1)
+    summary = (project / "pr-same" / "summary.md").read_text()
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "passed" in summary and "2 ok" in summary and "regressed" not in summary
+
+
+@pytest.mark.slow
+def test_ci_says_when_there_is_no_history_and_keeps_budget_failures(project: Path, tmp_path: Path) -> None:
+    (project / "strict.toml").write_text("[datasets.\"tiny.csv\".defaults]\naccuracy_min = 0.99\n")
+    done = ci(project, "pr", "pr-strict", 0.1, "--storage", str(tmp_path / "empty"))
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.tools.ci", "pr", "--storage", str(tmp_path / "empty"), "--out",
+         str(tmp_path / "out"), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", "--",
+         f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'strict.toml'}", "-q"],
+        cwd=project, env={**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_STEP_SUMMARY": ""},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert done.returncode == 1
+    assert "nothing was compared, budgets only" in summary
+    assert "2 over budget" in summary and "accuracy = " in summary and "below its floor" in summary
+
+
+def test_baseline_is_the_newest_run_measured_alike(tmp_path: Path) -> None:
+    def run(name: str, when: str, gpu: str | None, profile: str, plant: str | None = None) -> Path:
+        machine = {"loadbench": {"gpu": {"name": gpu} if gpu else None,
+                                 "settings": {"profile": profile, "epochs": 40, "plant": plant}}}  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        path.write_text(__import__("json").dumps({"machine_info": machine, "datetime": when, "benchmarks": []}))
+        return path
+
+    paths = [
+        run("old", "2026-01-01T00:00:00", "NVIDIA H100", "quick"),
+        run("new", "2026-01-02T00:00:00", "NVIDIA H100", "quick"),
+        run("planted", "2026-01-03T00:00:00", "NVIDIA H100", "quick", plant="5%:gpu"),
+        run("thesis", "2026-01-04T00:00:00", "NVIDIA H100", "thesis"),
+        run("h200", "2026-01-05T00:00:00", "NVIDIA H200", "quick"),
+    ]
+    (tmp_path / "broken.json").write_text("{")
+    found, count = find_baseline([*paths, tmp_path / "broken.json"], "NVIDIA H100", wanted_settings([], "NVIDIA H100"))
+    assert found is not None and found.name == "new.json" and count == 2
+    found, _ = find_baseline(paths, "NVIDIA H100", wanted_settings(["--profile", "thesis"], "NVIDIA H100"))
+    assert found is not None and found.name == "thesis.json"
+    assert find_baseline(paths, "NVIDIA A100", wanted_settings([], "NVIDIA A100")) == (None, 0)
+    assert wanted_settings(["--epochs=4"], "no GPU") == {"profile": "smoke", "plant": None, "epochs": 4}
+
+
+def test_a_test_that_failed_without_a_verdict_is_named(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite><testcase name="test_big[units-2048]"><error message="out of GPU memory (batch 512)"/>'
+        '</testcase><testcase name="test_ok"/></testsuite></testsuites>'
+    )
+    failed = junit_failures(junit)
+    assert failed == [("test_big[units-2048]", "out of GPU memory (batch 512)")]
+    text = summary_markdown("pr", "NVIDIA H100", None, 0, [], failed, 1)
+    assert "FAILED" in text and "test_big[units-2048]**: out of GPU memory" in text
+    assert "passed" not in text.splitlines()[0]
