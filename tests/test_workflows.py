@@ -21,7 +21,11 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 GPU_LABEL = "gpu-bench"
 SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
 MAIN_PUSH = ("github.event_name == 'push'", "github.ref == 'refs/heads/main'")
-SAVES_BASELINE = ("--benchmark-save", "--benchmark-autosave")
+# What stores a run as main's history: pytest-benchmark's saves, the CI command's storing
+# modes, a push to the data branch.
+SAVES_BASELINE = ("--benchmark-save", "--benchmark-autosave", "bench.tools.ci main", "bench.tools.ci nightly",
+                  "databranch push")  # fmt: skip
+SCHEDULED_ONLY = {"schedule", "workflow_dispatch"}  # events that run the default branch's code only
 
 
 def load(name: str) -> dict[str, Any]:
@@ -55,7 +59,7 @@ def guard_problems(workflow: dict[str, Any], job: str = "bench") -> list[str]:
     for event in ("fork_opened", "fork_synchronize", "fork_synchronize_labelled", "own_labeled_other"):
         if evaluate(guard, EVENTS[event]):
             problems.append(f"jobs.{job}.if runs the job on {event}")
-    for event in ("push_main", "own_opened", "own_synchronize", "fork_labeled_gpu"):
+    for event in ("own_opened", "own_synchronize", "fork_labeled_gpu"):
         if not evaluate(guard, EVENTS[event]):
             problems.append(f"jobs.{job}.if skips the job on {event}")
     return problems
@@ -76,15 +80,18 @@ def permission_problems(workflow: dict[str, Any]) -> list[str]:
 
 
 def baseline_problems(workflow: dict[str, Any]) -> list[str]:
-    """A step that saves a baseline runs only on a push to main, or a pull request could plant one."""
+    """A step that saves a baseline runs only on a push to main (its job's or its own `if:`),
+    or in a workflow that only a schedule or a maintainer starts; else a pull request could
+    plant one."""
     problems = []
+    scheduled = set(triggers(workflow)) <= SCHEDULED_ONLY
     for name, job in workflow.get("jobs", {}).items():
         for step in job.get("steps", []):
-            if not any(flag in str(step.get("run", "")) for flag in SAVES_BASELINE):
+            if not any(flag in str(step.get("run", "")) for flag in SAVES_BASELINE) or scheduled:
                 continue
-            condition = " ".join(str(step.get("if", "")).split())
-            if not all(part in condition for part in MAIN_PUSH) or "||" in condition:
-                problems.append(f"jobs.{name}: step {step.get('name')!r} saves a baseline under if: {condition!r}")
+            conditions = [" ".join(str(c).split()) for c in (job.get("if", ""), step.get("if", "")) if c]
+            if not any(all(part in c for part in MAIN_PUSH) and "||" not in c for c in conditions):
+                problems.append(f"jobs.{name}: step {step.get('name')!r} saves a baseline under if: {conditions!r}")
     return problems
 
 
@@ -147,7 +154,7 @@ def evaluate(expression: str, event: dict[str, Any]) -> bool:
 
 def test_workflow_files_are_valid() -> None:
     workflows = sorted(WORKFLOWS.glob("*.yml"))
-    assert {p.name for p in workflows} == {"ci.yml", "gpu-bench.yml"}
+    assert {p.name for p in workflows} == {"ci.yml", "gpu-bench.yml", "nightly.yml"}
     result = subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, workflows)],
         capture_output=True, text=True,
@@ -169,20 +176,38 @@ def test_the_gpu_job_runs_a_pull_request_only_from_here_or_labelled() -> None:
     assert guard_problems(load("gpu-bench.yml")) == []
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "gpu-bench.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "gpu-bench.yml", "nightly.yml"])
 def test_every_workflow_has_least_privilege_permissions(name) -> None:
     assert permission_problems(load(name)) == []
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "gpu-bench.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "gpu-bench.yml", "nightly.yml"])
 def test_only_a_push_to_main_saves_a_baseline(name) -> None:
     assert baseline_problems(load(name)) == []
 
 
 def test_gpu_bench_saves_a_baseline_somewhere() -> None:
     # Else the baseline check above would pass by finding nothing to check.
-    steps = load("gpu-bench.yml")["jobs"]["bench"]["steps"]
-    assert any("--benchmark-save" in str(step.get("run", "")) for step in steps)
+    steps = load("gpu-bench.yml")["jobs"]["bench-main"]["steps"]
+    assert any("bench.tools.ci main" in str(step.get("run", "")) for step in steps)
+
+
+def test_the_gpu_jobs_only_call_the_ci_command() -> None:
+    """The workflows hold no gate logic: each bench step is one `python -m bench.tools.ci` call."""
+    runs = {name: " ".join(str(s.get("run", "")) for s in job["steps"])
+            for name, job in load("gpu-bench.yml")["jobs"].items()}  # fmt: skip
+    assert "bench.tools.ci pr" in runs["bench"] and "pytest" not in runs["bench"]
+    assert "bench.tools.ci main" in runs["bench-main"] and "pytest" not in runs["bench-main"]
+    nightly = " ".join(str(s.get("run", "")) for s in load("nightly.yml")["jobs"]["nightly"]["steps"])
+    assert "bench.tools.ci nightly" in nightly and "--profile thesis" in nightly
+    assert "schedule" in triggers(load("nightly.yml"))
+
+
+def test_the_main_job_runs_only_on_a_push_to_main() -> None:
+    guard = load("gpu-bench.yml")["jobs"]["bench-main"]["if"]
+    assert evaluate(guard, EVENTS["push_main"])
+    assert not any(evaluate(guard, EVENTS[e]) for e in EVENTS if e != "push_main")
+    assert not evaluate(load("gpu-bench.yml")["jobs"]["bench"]["if"], EVENTS["push_main"])
 
 
 def test_the_guard_check_fails_without_the_guard() -> None:
@@ -220,14 +245,20 @@ def test_the_permission_check_fails_on_broad_tokens(permissions) -> None:
 
 def test_the_baseline_check_fails_when_a_pull_request_can_save() -> None:
     workflow = copy.deepcopy(load("gpu-bench.yml"))
-    for step in workflow["jobs"]["bench"]["steps"]:
-        if "--benchmark-save" in str(step.get("run", "")):
-            step["if"] = "github.event_name == 'push'"  # any branch's push
+    job = workflow["jobs"]["bench-main"]
+    job["if"] = "github.event_name == 'push'"  # any branch's push
+    for step in job["steps"]:
+        if "bench.tools.ci main" in str(step.get("run", "")):
+            step["if"] = "github.event_name == 'push'"
     assert baseline_problems(workflow) != []
-    for step in workflow["jobs"]["bench"]["steps"]:
-        if "--benchmark-save" in str(step.get("run", "")):
-            del step["if"]
+    for step in job["steps"]:
+        step.pop("if", None)
+    del job["if"]
     assert baseline_problems(workflow) != []
+    # A pull request's own job storing a run is caught as well.
+    storing = copy.deepcopy(load("gpu-bench.yml"))
+    storing["jobs"]["bench"]["steps"][2]["run"] = "python -m bench.tools.ci main --data-repo origin"
+    assert any(p.startswith("jobs.bench:") for p in baseline_problems(storing))
 
 
 def test_the_evaluator_reads_github_expressions() -> None:
