@@ -128,7 +128,7 @@ def test_one_section_per_gpu_model_newest_first(report) -> None:
     text = page(report)
     assert re.findall(r"<section id='([^']+)'><h2>([^<]+)</h2>", text) == [("gpu-nvidia-h200", H200), ("gpu-nvidia-h100-80gb-hbm3", H100)]
     h100 = section_of(text, H100)
-    assert "1 run(s)" in h100 and "none between consecutive runs on this GPU" in h100  # 3x slower than H200: not judged
+    assert "1 run(s)" in h100 and "none between runs with the same settings on this GPU" in h100  # 3x slower than H200: not judged
 
 
 def test_one_chart_per_metric_with_data_and_a_line_per_case_in_study_order(report) -> None:
@@ -147,10 +147,11 @@ def test_hover_names_case_commit_date_value_and_change(report) -> None:
     trace = next(t for t in plotted(page(report))["gpu-nvidia-h200-median_epoch_s"] if t["name"] == "units-1024")
     template = trace["hovertemplate"]
     assert "units-1024" in template and "commit %{customdata[0]}" in template and "%{customdata[1]}" in template
-    assert "change vs previous run: %{customdata[3]}" in template
-    commit, date, value, change, _ = trace["customdata"][-1]
-    assert (commit, date) == ("c0000004", "2999-01-05 10:00") and value.endswith(" s")
-    assert change.startswith("+200.0% (was ") and change.endswith(", worse")
+    assert "change vs the run judged against: %{customdata[3]}" in template
+    commit, date, value, change, settings = trace["customdata"][-1]
+    assert (commit, date) == ("c0000004", "2999-01-05 10:00:00") and value.endswith(" s")
+    assert change.startswith("+200.0% (was ") and change.endswith(", worse vs c0000003")
+    assert settings == "profile quick, epochs 22"
     assert trace["customdata"][0][3] == "first run on this GPU"
 
 
@@ -194,7 +195,7 @@ def test_the_summary_is_an_html_table_in_study_order(report) -> None:
     text = page(report)
     table = re.search(r"<table class='summary'>(.*?)</table>", text, re.DOTALL).group(1)
     assert "<pre>" not in text
-    assert re.findall(r"<th>([^<]+)</th>", table) == ["case", "s/epoch", "accuracy", "macro-F1", "vs previous run"]
+    assert re.findall(r"<th>([^<]+)</th>", table) == ["case", "s/epoch", "accuracy", "macro-F1", "vs previous comparable run"]
     rows = re.findall(r"<tr( class=regressed)?><td>([^<]+)</td>", table)
     assert [case for _, case in rows] == CASES
     assert {case for marked, case in rows if marked} == {"units-1024"}
