@@ -10,10 +10,10 @@ section's newest run (a planted slowdown, another profile or epoch count) are dr
 with hollow markers on lines of their own, named on the x axis and listed above the
 charts. Hovering a point shows its case, commit, date, value and change against the
 run it was judged against; a red x marks a regression, and hovering it names the rule.
-A metric whose values span more than ``LOG_RATIO`` times is drawn on a log axis. Plotly's legend hides a case on click and
-shows only it on double-click. The page is one self-contained file: plotly.js is
-embedded once (in the first chart), so it opens from disk or from a CI artifact with
-no network.
+A metric whose values span more than ``LOG_RATIO`` times is drawn on a log axis.
+Plotly's legend hides a case on click and shows only it on double-click. The page is
+one self-contained file: plotly.js is embedded once (in the first chart), so it opens
+from disk or from a CI artifact with no network.
 
 Hand-written here, beside what Plotly writes: the page's HTML and CSS around the
 charts (the run summary and the regression tables are plain HTML tables), and one
@@ -103,7 +103,8 @@ table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f2f2f2} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.when{white-space:nowrap}
-tr.regressed td{background:#fdecea} tr.notgated td{background:#f4f4f4;color:#555} td.rule{white-space:pre-wrap;font-family:monospace;font-size:12px}
+tr.regressed td{background:#fdecea} tr.notgated td{background:#f4f4f4;color:#555}
+td.rule{white-space:pre-wrap;font-family:monospace;font-size:12px}
 .controls{position:sticky;top:0;background:#fff;padding:6px 0;z-index:10;border-bottom:1px solid #eee}
 .controls label{margin-right:16px} .nodata{color:#666;font-style:italic} .note{color:#555;font-size:13px}
 section{border-top:2px solid #888;margin-top:24px} img{max-width:100%}
@@ -169,17 +170,20 @@ def run_note(run: Run, reference: Run) -> str:
     parts = [plant_note(run.settings)]
     if not parts[0] and reference.settings.get("plant"):
         parts[0] = "not planted"
-    others = [k for k in HISTORY_SETTINGS if k != "plant" and setting(run.settings, k) != setting(reference.settings, k)]
+    others = [k for k in HISTORY_SETTINGS
+              if k != "plant" and setting(run.settings, k) != setting(reference.settings, k)]  # fmt: skip
     parts.append(settings_text(run.settings, others))
     return ", ".join(p for p in parts if p)
 
 
 def _stamps(runs: Sequence[Run]) -> list[tuple[str, str]]:
     """(commit, when) per run, told apart: the date, its time to the second where another run
-    of the commit shares the date, and '#2', '#3'... where they share the second too."""
+    of the commit shares the date, and '#1', '#2'... where they share the second too."""
     dates = Counter((r.commit, r.datetime[:10]) for r in runs)
-    whens = [r.datetime[:10] if dates[(r.commit, r.datetime[:10])] == 1 else r.datetime[:19].replace("T", " ") for r in runs]
-    total, seen = Counter(zip((r.commit for r in runs), whens)), Counter()  # type: ignore[var-annotated]
+    whens = [r.datetime[:10] if dates[(r.commit, r.datetime[:10])] == 1 else r.datetime[:19].replace("T", " ")
+             for r in runs]  # fmt: skip
+    total = Counter(zip((r.commit for r in runs), whens))
+    seen: Counter[tuple[str, str]] = Counter()
     out = []
     for run, when in zip(runs, whens):
         seen[(run.commit, when)] += 1
@@ -188,17 +192,19 @@ def _stamps(runs: Sequence[Run]) -> list[tuple[str, str]]:
     return out
 
 
-def run_labels(runs: Sequence[Run]) -> list[str]:
-    """'c0000004 2999-01-05 10:00:00' per run, with ' #2', ' #3' on reruns of a commit made
-    within one second, and ', planted +150% (host)' on a planted run: unique within `runs`."""
+def run_labels(runs: Sequence[Run], planted: bool = True) -> list[str]:
+    """'c0000004 2999-01-05 10:00:00' per run, with ' #1', ' #2' on reruns of a commit made
+    within one second, and (with `planted`) ', planted +150% (host)' on a planted run:
+    unique within `runs`."""
     stamps = [f"{r.commit} {r.datetime[:19].replace('T', ' ')}" for r in runs]
-    total, seen = Counter(stamps), Counter()  # type: ignore[var-annotated]
+    total = Counter(stamps)
+    seen: Counter[str] = Counter()
     out = []
     for run, stamp in zip(runs, stamps):
         seen[stamp] += 1
         label = stamp if total[stamp] == 1 else f"{stamp} #{seen[stamp]}"
-        planted = plant_note(run.settings)
-        out.append(f"{label}, {planted}" if planted else label)
+        note = plant_note(run.settings) if planted else ""
+        out.append(f"{label}, {note}" if note else label)
     return out
 
 
@@ -220,7 +226,7 @@ class Summary:
     gpu: str
     label: str
     headers: list[str]
-    rows: list[list[str]]  # one per case, in the study's order; the last cell: "ok", "REGRESSED: ..." or "not gated: ..."
+    rows: list[list[str]]  # one per case, in the study's order; last cell "ok", "REGRESSED: ..." or "not gated: ..."
     reasons: list[tuple[str, str, str]]  # case, metric, the gate's message
     runs: int  # runs in the history, every GPU
     warnings: list[str] = field(default_factory=list)
@@ -271,7 +277,7 @@ def summary_html(summary: Summary) -> str:
         cells = "".join(f"<td{' class=num' if 0 < i < len(row) - 1 else ''}>{html.escape(c)}</td>" for i, c in enumerate(row))
         rows.append(f"<tr{status}>{cells}</tr>")
     parts = [f"<h2>Latest run: {html.escape(summary.gpu)}, {html.escape(summary.label)}</h2>"]
-    parts += [f"<p class='note'>{html.escape(note)}</p>" for note in summary.notes]
+    parts += [f"<p class='note'>{_bold(html.escape(note))}</p>" for note in summary.notes]
     parts.append(f"<table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
     if summary.reasons:
         items = "".join(f"<li><b>{html.escape(case)}</b>, {html.escape(metric)}: "
@@ -336,14 +342,15 @@ def missing_reason(section: Section, metric: str) -> str:
 def other_settings_html(section: Section) -> str:
     """The runs of a section that were planted or ran with other settings than its newest
     run, each with what differs and what it was judged against; '' when there are none."""
-    labels, newest = section.labels, section.runs[-1]
+    labels, newest = run_labels(section.runs, planted=False), section.runs[-1]
     items = []
     for i, run in enumerate(section.runs):
         note = run_note(run, newest)
         if not note:
             continue
         pairing = section.pairing(i)
-        judged = f"judged against {labels[pairing.baseline]}" if pairing.baseline is not None else f"not gated: {pairing.reason}"
+        judged = (f"judged against {section.labels[pairing.baseline]}" if pairing.baseline is not None
+                  else f"not gated: {pairing.reason}")  # fmt: skip
         items.append(f"<li>{html.escape(labels[i])}: <b>{html.escape(note)}</b>; {html.escape(judged)}</li>")
     if not items:
         return ""
@@ -359,14 +366,13 @@ def fmt(value: float | None, chart: Chart) -> str:
     return f"{value:{chart.fmt}}{'%' if chart.unit == '%' else f' {chart.unit}' if chart.unit else ''}"
 
 
-def point_change(section: Section, y: list[float | None], index: int, metric: str, chart: Chart) -> str:
-    """The change of a point against the same case in the run it was judged against, or
-    why it was judged against none."""
+def point_change(section: Section, labels: list[str], y: list[float | None], index: int, metric: str, chart: Chart) -> str:
+    """The change of a point against the same case in the run it was judged against (named
+    by its label in `labels`), or why it was judged against none."""
     pairing = section.pairing(index)
     if pairing.baseline is None:
         return pairing.reason if pairing.reason == FIRST_RUN else f"not gated: {pairing.reason}"
-    against = section.runs[pairing.baseline].commit
-    return f"{change(y[index], y[pairing.baseline], metric, chart)} vs {against}"
+    return f"{change(y[index], y[pairing.baseline], metric, chart)} vs {labels[pairing.baseline]}"
 
 
 def change(now: float | None, then: float | None, metric: str, chart: Chart) -> str:
@@ -411,6 +417,7 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
     x = list(range(len(runs)))
     groups = settings_groups(runs)  # the newest run's settings first: its lines are the solid ones
     notes = [run_note(run, runs[-1]) for run in runs]
+    labels = section.labels
     when = [run.datetime[:19].replace("T", " ") for run in runs]
     fig = go.Figure()
     families: dict[str, list[str]] = {}
@@ -423,7 +430,7 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
         colour = _colour(experiment, rank, len(families[experiment]), n)
         y = [None if v is None else v * chart.scale for v in values[case]]
         drawn += [v for v in y if v is not None]
-        customdata = [[run.commit, when[i], fmt(y[i], chart), point_change(section, y, i, metric, chart),
+        customdata = [[run.commit, when[i], fmt(y[i], chart), point_change(section, labels, y, i, metric, chart),
                        settings_text(run.settings, ("profile", "epochs")) + (f"; {notes[i]}" if notes[i] else "")]
                       for i, run in enumerate(runs)]  # fmt: skip
         name = html.escape(case)
@@ -436,7 +443,8 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
                 legendgroup=case, showlegend=g == 0, meta=meta, customdata=[customdata[i] for i in indices],
                 mode="lines+markers", connectgaps=False,
                 line={"color": colour, "width": 1.6 if g == 0 else 1.0, "dash": "solid" if g == 0 else "dot"},
-                marker={"symbol": symbol, "size": 7 if g == 0 else 9, "color": colour, "line": {"color": colour, "width": 1.5}},
+                marker={"symbol": symbol, "size": 7 if g == 0 else 9, "color": colour,
+                        "line": {"color": colour, "width": 1.5}},
                 hovertemplate=(f"<b>{name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
                                f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
                                "change vs the run judged against: %{customdata[3]}<br>%{customdata[4]}<extra></extra>"),
@@ -495,7 +503,8 @@ def regression_table(section: Section) -> str:
                 then = section.pairing(i).baseline
                 old = values[then] if then is not None and then < len(values) else None
                 new = values[i] if i < len(values) else None
-                rows.append((i, study_order(case), list(METRICS).index(metric), case, metric, chart, old, new, message, then))
+                order = (i, study_order(case), list(METRICS).index(metric))
+                rows.append((*order, case, metric, chart, old, new, message, then))
     if not rows:
         return "<h3>Regressions</h3><p class='note'>none between runs with the same settings on this GPU.</p>"
     rows.sort(key=lambda r: (-r[0], r[1], r[2]))
@@ -516,6 +525,11 @@ def regression_table(section: Section) -> str:
                                              "rule that flagged it", "judged against"))  # fmt: skip
     return (f"<h3>Regressions ({len(rows)})</h3><table class='regressions'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>")  # fmt: skip
+
+
+def _bold(text: str) -> str:
+    """Markdown's **bold** (the summary's notes are written for summary.md) as HTML."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
 
 
 def _rule(message: str) -> str:

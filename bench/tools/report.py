@@ -75,9 +75,9 @@ LOAD_METRICS = ("gpu_busy", "sm_activity")  # in extra_info['load']['normalized'
 NO_RUNS = "no mlp-loadbench runs with training cases"
 RUN_FIRST = "run `pytest bench/ --benchmark-autosave` first"
 SEARCH_FORMAT = "mlp-loadbench-search"  # bench.search.results.FORMAT: the report reads the file, not the package
-TIME_NOTE = ("Time(s) is the whole training of the case's timed round: every epoch, the first included (allocator "
-             "growth, compilation, autotuning); 1st epoch s is that first epoch alone. The time gate judges the "
-             "median of the later epochs (s/epoch in summary.md).")  # fmt: skip
+TIME_NOTE = ("Time(s) is the whole training of the case (its last timed round, where the profile times several): "
+             "every epoch, the first included (allocator growth, compilation, autotuning); 1st epoch s is that first "
+             "epoch alone. The time gate judges the median of the later epochs (s/epoch in summary.md).")  # fmt: skip
 
 
 
@@ -109,8 +109,8 @@ def tables_markdown(run: Run) -> str:
     lines = [f"# mlp-loadbench: {run.gpu}, {run_labels([run])[0]}", ""]
     lines += [f"Settings: {settings_line(run.settings)}", ""]
     if plant_note(run.settings):
-        lines += [f"**{plant_note(run.settings).capitalize()}**: --plant-slowdown {run.settings['plant']} slowed every "
-                  "timed epoch on purpose (the gate's self-test); these times are not the code's own.", ""]  # fmt: skip
+        lines += [f"**Planted run**: --plant-slowdown {run.settings['plant']} slowed every timed epoch on purpose "
+                  "(the gate's self-test); these times are not the code's own.", ""]  # fmt: skip
     any_na = False
     for experiment, benches in by_experiment(run).items():
         rows = [study_row(str(b["extra_info"]["case"]).split("-", 1)[1], b["extra_info"]) for b in benches]
@@ -127,14 +127,14 @@ def tables_markdown(run: Run) -> str:
 def settings_line(settings: dict[str, Any]) -> str:
     """'profile quick, epochs 22, ...': the settings a run was made with; unset ones
     (None, empty) are left out."""
-    return ", ".join(f"{key} {value}" for key, value in settings.items() if value is not None and value != "" and value != {})
+    return ", ".join(f"{key} {value}" for key, value in settings.items() if value not in (None, "", {}, []))
 
 
 def na_note(run: Run) -> str:
     """What n/a in the tables means, with the monitor's reasons (load.unavailable) where
     the run recorded them."""
-    reasons = dict.fromkeys(f"{what}: {why}" for b in run.cases()
-                            for what, why in ((b["extra_info"].get("load") or {}).get("unavailable") or {}).items())  # fmt: skip
+    unavailable = [(b["extra_info"].get("load") or {}).get("unavailable") or {} for b in run.cases()]
+    reasons = dict.fromkeys(f"{what}: {why}" for found in unavailable for what, why in found.items())
     if reasons:
         return f"n/a: not measured on this machine ({'; '.join(reasons)}), or not recorded by this run."
     return "n/a: not measured on this machine, or not recorded by this run."
@@ -266,9 +266,8 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
     against = section.runs[pairing.baseline] if pairing.baseline is not None else None
     notes = []
     if plant_note(latest.settings):
-        notes.append(f"This run was planted ({plant_note(latest.settings)}): --plant-slowdown {latest.settings['plant']} "
-                     "slowed every timed epoch on purpose, so its times are not the code's own; it is judged only "
-                     "against runs planted alike.")  # fmt: skip
+        notes.append(f"**Planted run**: --plant-slowdown {latest.settings['plant']} slowed every timed epoch on "
+                     "purpose, so its times are not the code's own; it is judged only against runs planted alike.")  # fmt: skip
     if against is not None:
         notes.append(f"Judged against {labels[pairing.baseline]}, the newest earlier run on this GPU with the same "  # type: ignore[index]
                      f"settings ({settings_text(latest.settings, ('profile', 'epochs', 'dataset'))}).")  # fmt: skip
@@ -296,7 +295,8 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
 
 def summary_markdown(summary: Summary) -> str:
     lines = [f"## mlp-loadbench: {summary.gpu}, {summary.label}", ""]
-    lines += [*summary.notes, ""] if summary.notes else []
+    for note in summary.notes:  # a paragraph each
+        lines += [note, ""]
     lines += [tabulate(summary.rows, headers=summary.headers, tablefmt="github", disable_numparse=True)]
     if summary.reasons:  # which rule of the gate flagged each regression
         lines += ["", f"Regressions against {summary.against}:", ""]
