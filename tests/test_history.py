@@ -128,7 +128,7 @@ def test_one_section_per_gpu_model_newest_first(report) -> None:
     text = page(report)
     assert re.findall(r"<section id='([^']+)'><h2>([^<]+)</h2>", text) == [("gpu-nvidia-h200", H200), ("gpu-nvidia-h100-80gb-hbm3", H100)]
     h100 = section_of(text, H100)
-    assert "1 run(s)" in h100 and "none between consecutive runs on this GPU" in h100  # 3x slower than H200: not judged
+    assert "1 run(s)" in h100 and "none between runs with the same settings on this GPU" in h100  # 3x slower than H200: not judged
 
 
 def test_one_chart_per_metric_with_data_and_a_line_per_case_in_study_order(report) -> None:
@@ -147,10 +147,11 @@ def test_hover_names_case_commit_date_value_and_change(report) -> None:
     trace = next(t for t in plotted(page(report))["gpu-nvidia-h200-median_epoch_s"] if t["name"] == "units-1024")
     template = trace["hovertemplate"]
     assert "units-1024" in template and "commit %{customdata[0]}" in template and "%{customdata[1]}" in template
-    assert "change vs previous run: %{customdata[3]}" in template
-    commit, date, value, change, _ = trace["customdata"][-1]
-    assert (commit, date) == ("c0000004", "2999-01-05 10:00") and value.endswith(" s")
-    assert change.startswith("+200.0% (was ") and change.endswith(", worse")
+    assert "change vs the run judged against: %{customdata[3]}" in template
+    commit, date, value, change, settings = trace["customdata"][-1]
+    assert (commit, date) == ("c0000004", "2999-01-05 10:00:00") and value.endswith(" s")
+    assert change.startswith("+200.0% (was ") and change.endswith(", worse vs c0000003 2999-01-04 10:00:00")
+    assert settings == "profile quick, epochs 22"
     assert trace["customdata"][0][3] == "first run on this GPU"
 
 
@@ -194,7 +195,7 @@ def test_the_summary_is_an_html_table_in_study_order(report) -> None:
     text = page(report)
     table = re.search(r"<table class='summary'>(.*?)</table>", text, re.DOTALL).group(1)
     assert "<pre>" not in text
-    assert re.findall(r"<th>([^<]+)</th>", table) == ["case", "s/epoch", "accuracy", "macro-F1", "vs previous run"]
+    assert re.findall(r"<th>([^<]+)</th>", table) == ["case", "s/epoch", "accuracy", "macro-F1", "vs previous comparable run"]
     rows = re.findall(r"<tr( class=regressed)?><td>([^<]+)</td>", table)
     assert [case for _, case in rows] == CASES
     assert {case for marked, case in rows if marked} == {"units-1024"}
@@ -268,3 +269,77 @@ def test_the_page_renders_and_responds_in_a_real_browser(report, tmp_path) -> No
     assert probe["experiment"] == "units"
     assert probe["visible"] == ["units-1024", "units-1024 regression"]
     assert probe["rows"] == 1
+
+
+# ------------------------------------------- planted runs, labels, axes
+
+def write_budgets(folder: Path) -> Path:
+    (folder / "budgets.toml").write_text(BUDGETS)
+    return folder / "budgets.toml"
+
+
+def planted_section(tmp_path: Path) -> tuple[Any, str]:
+    """Four H200 runs, the third planted (+150%, every case 2.5x slower): the section
+    drawn from them and the page."""
+    paths = [write_run(tmp_path, 0, H200), write_run(tmp_path, 1, H200)]
+    planted = write_run(tmp_path, 2, H200, {case: {"slower": 2.5} for case in CASES})
+    run = json.loads(planted.read_text())
+    run["machine_info"]["loadbench"]["settings"]["plant"] = "150%:host"
+    planted.write_text(json.dumps(run))
+    paths += [planted, write_run(tmp_path, 3, H200)]
+    budgets = write_budgets(tmp_path)
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    runs, _ = load_runs(paths)
+    return sections(runs, Budgets.load(budgets))[0], (tmp_path / "out" / "history.html").read_text()
+
+
+def test_a_planted_run_is_drawn_apart_marked_and_not_flagged(tmp_path) -> None:
+    section, text = planted_section(tmp_path)
+    fig = metric_figure(section, "median_epoch_s", METRICS["median_epoch_s"])
+    traces = [t for t in fig.data if t.meta["case"] == "units-1024"]
+    line, planted = traces  # no regression mark: the planted run is judged against nothing unplanted
+    assert list(line.x) == [0, 1, 3] and line.showlegend is not False and not line.marker.symbol.endswith("-open")
+    assert list(planted.x) == [2] and planted.showlegend is False and planted.marker.symbol.endswith("-open")
+    assert planted.name == "units-1024 (planted +150% (host))" and planted.legendgroup == "units-1024"
+    assert "not gated: no earlier run with the same settings (plant 150%:host" in planted.customdata[0][3]
+    assert line.customdata[-1][3].endswith(" vs c0000001 2999-01-02 10:00:00")  # the run after it is judged against the unplanted one
+    assert "planted +150% (host)" in fig.layout.xaxis.ticktext[2] and "planted" not in fig.layout.xaxis.ticktext[3]
+    h200 = section_of(text, H200)
+    listed = re.search(r"<ul class='note other-settings'>(.*?)</ul>", h200, re.DOTALL).group(1)
+    assert re.findall(r"<li>(.*?)</li>", listed) == [
+        "c0000002 2999-01-03 10:00:00: <b>planted +150% (host)</b>; not gated: no earlier run "
+        "with the same settings (plant 150%:host; the run before: plant unset)"]  # fmt: skip
+    assert "none between runs with the same settings on this GPU" in h200
+
+
+def test_reruns_of_a_commit_are_told_apart_on_the_x_axis(tmp_path) -> None:
+    paths = [write_run(tmp_path, n, H200) for n in range(3)]
+    for path, when in zip(paths, ["2999-01-01T10:00:00", "2999-01-01T10:00:00", "2999-01-01T11:30:00"]):
+        run = json.loads(path.read_text())
+        path.write_text(json.dumps(run | {"datetime": when, "commit_info": {"id": "d" * 40}}))
+    runs, _ = load_runs(paths)
+    section = sections(runs, Budgets.load(write_budgets(tmp_path)))[0]
+    ticks = metric_figure(section, "accuracy", METRICS["accuracy"]).layout.xaxis.ticktext
+    assert list(ticks) == ["dddddddd<br>2999-01-01 10:00:00 #1", "dddddddd<br>2999-01-01 10:00:00 #2",
+                           "dddddddd<br>2999-01-01 11:30:00"]  # fmt: skip
+    assert len(set(section.labels)) == 3
+
+
+def test_a_metric_spanning_more_than_ten_times_gets_a_log_axis(tmp_path) -> None:
+    paths = [write_run(tmp_path, 0, H200, {"units-2048": {"slower": 12.0}}), write_run(tmp_path, 1, H200, {"units-2048": {"slower": 12.0}})]
+    runs, _ = load_runs(paths)
+    section = sections(runs, Budgets.load(write_budgets(tmp_path)))[0]
+    time = metric_figure(section, "median_epoch_s", METRICS["median_epoch_s"])
+    assert time.layout.yaxis.type == "log" and time.layout.yaxis.title.text.endswith(", log scale")
+    assert metric_figure(section, "accuracy", METRICS["accuracy"]).layout.yaxis.type == "linear"  # all near 0.75
+
+
+def test_the_charts_keep_their_small_margins(report) -> None:
+    runs, _ = load_runs(report[1])
+    section = sections(runs, Budgets.load(report[0].parent / "budgets.toml"))[0]
+    fig = metric_figure(section, "median_epoch_s", METRICS["median_epoch_s"])
+    margin = fig.layout.margin
+    assert (margin.l, margin.r, margin.t, margin.b) == (60, 10, 30, 10)
+    assert fig.layout.xaxis.automargin is True and fig.layout.yaxis.automargin is True  # grown only where labels need it
+    charts = len(plotted(page(report)))
+    assert page(report).count('"margin":{"l":60,"r":10,"t":30,"b":10}') == charts  # every chart on the page

@@ -30,6 +30,8 @@ from bench.tools.figures import moving_average
 from bench.tools.figures import pareto_figure
 from bench.tools.figures import pareto_front
 from bench.tools.figures import resource_figure
+from bench.tools.history import run_labels
+from bench.tools.history import tick_labels
 from bench.tools.merge import main as merge_main
 from bench.tools.merge import settings_diff
 from bench.tools.report import ReportError
@@ -453,3 +455,172 @@ def test_pure_helpers() -> None:
     assert list(moving_average([1, 1, 1, 1], 2)) == [1, 1, 1, 1]
     assert moving_average([0, 10, float("nan"), 10], 3)[2] == 10
     assert pareto_front([(1, 0.5), (2, 0.9), (3, 0.8), (1, 0.4)]) == [0, 1]
+
+
+# ------------------------------------------- runs judged only against their like (synthetic)
+
+SETTINGS = {"profile": "quick", "epochs": 22, "dataset": "synthetic", "device": "cuda", "loop": "fast", "impl": "torch",
+            "optimizer_impl": "torch", "precision": "fp32", "shard": None, "shard_durations": None, "plant": None,
+            "latency_pin": False}  # fmt: skip
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def _record(case: str, slower: float) -> dict:
+    """A case's extra_info with what the report reads, its epochs `slower` times STEADY."""
+    samples = [slower * s for s in STEADY]
+    return {
+        "case": case, "experiment": case.split("-")[0], "profile": "quick",
+        "epoch_seconds_by_round": [[2 * samples[0], *samples]], "median_epoch_s": statistics.median(samples),
+        "first_epoch_s": 2 * samples[0], "train_seconds": 2 * samples[0] + sum(samples), "accuracy": 0.75,
+        "macro_f1": 0.72, "vram_peak_mib": 120.0, "rss_peak_mib": 1500.0, "energy_j": None, "energy_per_epoch_j": None,
+        "load": {"normalized": {"gpu_busy": 0.8, "sm_activity": None, "cpu_process": 0.05},
+                 "unavailable": {"sm_activity": "GPM not supported on this GPU", "energy": "no NVML energy counter"}},
+        "series_path": None,
+    }  # fmt: skip
+
+
+def _synthetic(folder: Path, n: int, slower: float = 1.0, commit: str | None = None, when: str | None = None,
+               **settings: object) -> Path:  # fmt: skip
+    """Run number n (a day apart, commit c<n>... unless given) of CASE_IDS on GPU, with
+    `settings` over SETTINGS and every epoch `slower` times STEADY."""
+    run = {
+        "datetime": when or f"2999-01-{n + 1:02d}T10:00:00",
+        "commit_info": {"id": commit or f"c{n:07d}" + "0" * 32},
+        "machine_info": {"loadbench": {"gpu": {"name": GPU}, "settings": SETTINGS | settings}},
+        "benchmarks": [{"name": f"test_x[{case}]", "fullname": f"bench/test_experiments.py::test_x[{case}]",
+                        "extra_info": _record(case, slower)} for case in sorted(CASE_IDS)],
+    }  # fmt: skip
+    path = folder / f"{n:04d}_run.json"
+    path.write_text(json.dumps(run))
+    return path
+
+
+def _budgets(folder: Path) -> Path:
+    path = folder / "budgets.toml"
+    path.write_text(REGRESSION_BUDGETS)
+    return path
+
+
+def _gate(paths: list[Path], budgets: Path) -> dict[str, list[str]]:
+    """case -> the messages of the gate's check_against for the last run against the one
+    before it, with the history the gate would load: what it flags when given that pair."""
+    baseline_run, current_run = (json.loads(p.read_text()) for p in paths[-2:])
+    history = load_history(paths[-2], baseline_run, paths[:-2])
+    out = {}
+    for saved, now in zip(baseline_run["benchmarks"], current_run["benchmarks"]):
+        info = now["extra_info"]
+        budget = Budgets.load(budgets).resolve("quick", info["experiment"], info["case"])
+        failures = check_against(budget=budget, current=info, baseline=saved["extra_info"],
+                                 history=case_history(history, saved["fullname"]))  # fmt: skip
+        out[info["case"]] = [f.message for f in failures]
+    return out
+
+
+def test_a_planted_run_is_not_judged_against_unplanted_runs(tmp_path) -> None:
+    paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1), _synthetic(tmp_path, 2, slower=2.5, plant="150%:host")]
+    budgets = _budgets(tmp_path)
+    gate = _gate(paths, budgets)  # the gate's rules on the planted pair would flag every case...
+    assert all(messages and messages[0].startswith("epoch_time_ratio = 2.5 breaks") for messages in gate.values())
+    build_report(paths, tmp_path / "out", budgets_path=budgets)  # ...the report skips it on purpose
+    why = "no earlier run with the same settings (plant 150%:host; the run before: plant unset)"
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, f"not gated: {why}")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "\n**Planted run**: --plant-slowdown 150%:host slowed every timed epoch on purpose" in summary
+    assert f"Not gated: {why}." in summary and "REGRESSED" not in summary
+    runs, _ = load_runs(paths)
+    _, flagged = regressions(runs, Budgets.load(budgets))
+    assert all(cases == {} for cases in flagged.values())
+
+
+def test_a_run_with_other_epochs_is_not_judged_against_the_runs_before(tmp_path) -> None:
+    paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1), _synthetic(tmp_path, 2, slower=3.0, epochs=8)]
+    budgets = _budgets(tmp_path)
+    assert all(messages for messages in _gate(paths, budgets).values())  # the pair's rules alone would flag it
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    why = "no earlier run with the same settings (epochs 8; the run before: epochs 22)"
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, f"not gated: {why}")
+
+
+def test_an_unplanted_run_is_judged_against_the_unplanted_run_before_the_planted_one(tmp_path) -> None:
+    # Against the planted run (2.5x) a 2.5x slower run looks steady; against its like it is 2.5x slower.
+    paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1, slower=2.5, plant="150%:host"), _synthetic(tmp_path, 2, slower=2.5)]
+    budgets = _budgets(tmp_path)
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "REGRESSED: median_epoch_s")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "Judged against c0000000 2999-01-01 10:00:00, the newest earlier run on this GPU with the same settings" in summary
+    gate = _gate([paths[0], paths[2]], budgets)
+    assert f"- units-128, median_epoch_s: {gate['units-128'][0]}" in summary  # the gate's own message
+
+
+def test_planted_runs_are_judged_against_runs_planted_alike(tmp_path) -> None:
+    paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1, slower=2.5, plant="150%:host"), _synthetic(tmp_path, 2),
+             _synthetic(tmp_path, 3, slower=2.5, plant="150%:host")]  # fmt: skip
+    build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "ok")
+    assert "Judged against c0000001 2999-01-02 10:00:00, planted +150% (host), the newest" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_real_slowdown_between_runs_with_the_same_settings_is_flagged_with_the_gates_message(tmp_path) -> None:
+    paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1), _synthetic(tmp_path, 2, slower=2.5)]
+    budgets = _budgets(tmp_path)
+    build_report(paths, tmp_path / "out", budgets_path=budgets)
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "REGRESSED: median_epoch_s")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    for case, messages in _gate(paths, budgets).items():
+        assert f"- {case}, median_epoch_s: {messages[0]}" in summary
+
+
+def test_a_first_run_is_not_gated_and_says_so(tmp_path) -> None:
+    build_report([_synthetic(tmp_path, 0)], tmp_path / "out", budgets_path=_budgets(tmp_path))
+    assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "not gated: first run on this GPU")
+
+
+def test_a_case_new_in_this_run_is_not_gated_and_names_the_run_it_lacks(tmp_path) -> None:
+    first = _synthetic(tmp_path, 0)
+    run = json.loads(first.read_text())
+    run["benchmarks"] = [b for b in run["benchmarks"] if b["extra_info"]["case"] != "opt-sgd"]
+    first.write_text(json.dumps(run))
+    build_report([first, _synthetic(tmp_path, 1)], tmp_path / "out", budgets_path=_budgets(tmp_path))
+    verdicts = _verdicts(tmp_path / "out")
+    assert verdicts["opt-sgd"] == "not gated: not in c0000000 2999-01-01 10:00:00" and verdicts["units-128"] == "ok"
+
+
+def test_reruns_of_one_commit_get_distinct_labels(tmp_path) -> None:
+    commit = "abcdef12" + "0" * 32
+    paths = [_synthetic(tmp_path, n, commit=commit, when=when) for n, when in
+             enumerate(["2999-01-01T10:00:05", "2999-01-01T10:00:41", "2999-01-01T10:00:41"])]  # fmt: skip
+    build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
+    runs, _ = load_runs(paths)
+    labels = run_labels(runs)
+    assert labels == ["abcdef12 2999-01-01 10:00:05", "abcdef12 2999-01-01 10:00:41 #1", "abcdef12 2999-01-01 10:00:41 #2"]
+    assert len(set(tick_labels(runs))) == 3
+    assert (tmp_path / "out" / "summary.md").read_text().startswith(f"## mlp-loadbench: {GPU}, {labels[-1]}\n")
+
+
+def _tables(tmp_path: Path, **settings: object) -> str:
+    build_report([_synthetic(tmp_path, 0, **settings)], tmp_path / "out", budgets_path=_budgets(tmp_path))
+    return (tmp_path / "out" / "tables.md").read_text()
+
+
+def test_tables_say_what_n_a_and_time_mean(tmp_path) -> None:
+    tables = _tables(tmp_path)
+    assert "| n/a " in tables  # SM activity and energy were not measured
+    assert ("n/a: not measured on this machine (sm_activity: GPM not supported on this GPU; energy: no NVML energy "
+            "counter), or not recorded by this run.") in tables  # fmt: skip
+    assert "Time(s) is the whole training of the case (its last timed round, where the profile times several): " \
+           "every epoch, the first included" in tables
+
+
+def test_the_settings_line_leaves_unset_settings_out(tmp_path) -> None:
+    tables = _tables(tmp_path)
+    line = next(line for line in tables.splitlines() if line.startswith("Settings: "))
+    assert "None" not in line and "shard" not in line and "plant" not in line
+    assert line.startswith("Settings: profile quick, epochs 22, dataset synthetic, device cuda, loop fast")
+    assert "latency_pin False" in line  # False is a setting, not an unset one
+
+
+def test_tables_of_a_planted_run_say_so(tmp_path) -> None:
+    tables = _tables(tmp_path, plant="150%:host")
+    assert "plant 150%:host" in next(line for line in tables.splitlines() if line.startswith("Settings: "))
+    assert "**Planted run**: --plant-slowdown 150%:host slowed every timed epoch on purpose" in tables

@@ -2,13 +2,18 @@
 the stored runs, one section per GPU model, drawn with Plotly.
 
 Each section holds the runs of one GPU model (runs on different models are never one
-line), a table of the regressions the gate's rules flag between consecutive runs, and
-one chart per metric with a line per case in the study's order. Hovering a point shows
-its case, commit, date, value and change against the previous run; a red x marks a
-regression, and hovering it names the rule. Plotly's legend hides a case on click and
-shows only it on double-click. The page is one self-contained file: plotly.js is
-embedded once (in the first chart), so it opens from disk or from a CI artifact with
-no network.
+line), a table of the regressions the gate's rules flag, each run judged against the
+newest earlier run that measured the same thing (compare.same_measurement: a planted
+run or one with other settings is judged only against its like), and one chart per
+metric with a line per case in the study's order. Runs with other settings than the
+section's newest run (a planted slowdown, another profile or epoch count) are drawn
+with hollow markers on lines of their own, named on the x axis and listed above the
+charts. Hovering a point shows its case, commit, date, value and change against the
+run it was judged against; a red x marks a regression, and hovering it names the rule.
+A metric whose values span more than ``LOG_RATIO`` times is drawn on a log axis.
+Plotly's legend hides a case on click and shows only it on double-click. The page is
+one self-contained file: plotly.js is embedded once (in the first chart), so it opens
+from disk or from a CI artifact with no network.
 
 Hand-written here, beside what Plotly writes: the page's HTML and CSS around the
 charts (the run summary and the regression tables are plain HTML tables), and one
@@ -24,8 +29,10 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
@@ -34,6 +41,8 @@ from typing import Any
 from bench.cases import TITLES
 from bench.cases import study_order
 from bench.plugin.compare import DIRECTIONS
+from bench.plugin.compare import HISTORY_SETTINGS
+from bench.plugin.compare import setting
 from bench.tools.runs import Run
 
 
@@ -70,6 +79,9 @@ FAMILIES = {  # experiment: colour scale, one shade per value
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "pentagon", "hexagon", "cross")
 REGRESSION_COLOUR = "#d62728"
 MAX_TICKS = 24  # run labels on the x axis before every k-th is shown
+LOG_RATIO = 10.0  # a chart whose values span more than this (max / min) gets a log y axis
+MARGIN = {"l": 60, "r": 10, "t": 30, "b": 10}  # the axes grow it where their labels need room (automargin)
+FIRST_RUN = "first run on this GPU"
 
 SCRIPT = """<script>
 function lbPick(id, changed) {
@@ -91,7 +103,8 @@ table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f2f2f2} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.when{white-space:nowrap}
-tr.regressed td{background:#fdecea} td.rule{white-space:pre-wrap;font-family:monospace;font-size:12px}
+tr.regressed td{background:#fdecea} tr.notgated td{background:#f4f4f4;color:#555}
+td.rule{white-space:pre-wrap;font-family:monospace;font-size:12px}
 .controls{position:sticky;top:0;background:#fff;padding:6px 0;z-index:10;border-bottom:1px solid #eee}
 .controls label{margin-right:16px} .nodata{color:#666;font-style:italic} .note{color:#555;font-size:13px}
 section{border-top:2px solid #888;margin-top:24px} img{max-width:100%}
@@ -100,6 +113,14 @@ section{border-top:2px solid #888;margin-top:24px} img{max-width:100%}
 
 # metric -> case -> index of the run that regressed against the one before -> the gate's message
 Flagged = dict[str, dict[str, dict[int, str]]]
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """The run one run of a section was judged against, or why it was judged against none."""
+
+    baseline: int | None  # index in the section of the newest earlier run with the same settings
+    reason: str = ""  # why there is none: FIRST_RUN, or the settings no earlier run shares
 
 
 @dataclass
@@ -111,6 +132,90 @@ class Section:
     lines: dict[str, dict[str, list[float | None]]]  # metric -> case -> value per run (None: not measured)
     flagged: Flagged  # metric -> case -> run index -> the gate's message
     experiments: dict[str, str]  # case -> experiment, in the study's order
+    pairings: list[Pairing] = field(default_factory=list)  # per run; empty: each against the run before
+
+    def pairing(self, index: int) -> Pairing:
+        """Run `index`'s pairing; without pairings, the run before it (or none, for the first)."""
+        if self.pairings:
+            return self.pairings[index]
+        return Pairing(index - 1) if index else Pairing(None, FIRST_RUN)
+
+    @property
+    def labels(self) -> list[str]:
+        return run_labels(self.runs)
+
+
+def plant_note(settings: dict[str, Any]) -> str:
+    """'planted +150% (host)' for a run made with --plant-slowdown 150:host; '' for one without."""
+    plant = settings.get("plant")
+    if not plant:
+        return ""
+    pct, _, mode = str(plant).partition(":")
+    return f"planted +{pct}" + (f" ({mode})" if mode else "")
+
+
+def settings_text(settings: dict[str, Any], keys: Sequence[str]) -> str:
+    """'epochs 8, plant 150%:host': the named settings of a run, "unset" where it has none."""
+    return ", ".join(f"{key} {'unset' if setting(settings, key) is None else setting(settings, key)}" for key in keys)
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    """One string per measurement: runs with equal keys are same_measurement on one GPU."""
+    return json.dumps([setting(settings, key) for key in HISTORY_SETTINGS], default=str)
+
+
+def run_note(run: Run, reference: Run) -> str:
+    """What sets `run` apart from `reference` (a section's newest run): its planted
+    slowdown and the settings it ran with where they differ; '' when alike and unplanted."""
+    parts = [plant_note(run.settings)]
+    if not parts[0] and reference.settings.get("plant"):
+        parts[0] = "not planted"
+    others = [k for k in HISTORY_SETTINGS
+              if k != "plant" and setting(run.settings, k) != setting(reference.settings, k)]  # fmt: skip
+    parts.append(settings_text(run.settings, others))
+    return ", ".join(p for p in parts if p)
+
+
+def _stamps(runs: Sequence[Run]) -> list[tuple[str, str]]:
+    """(commit, when) per run, told apart: the date, its time to the second where another run
+    of the commit shares the date, and '#1', '#2'... where they share the second too."""
+    dates = Counter((r.commit, r.datetime[:10]) for r in runs)
+    whens = [r.datetime[:10] if dates[(r.commit, r.datetime[:10])] == 1 else r.datetime[:19].replace("T", " ")
+             for r in runs]  # fmt: skip
+    total = Counter(zip((r.commit for r in runs), whens))
+    seen: Counter[tuple[str, str]] = Counter()
+    out = []
+    for run, when in zip(runs, whens):
+        seen[(run.commit, when)] += 1
+        n = seen[(run.commit, when)]
+        out.append((run.commit, when if total[(run.commit, when)] == 1 else f"{when} #{n}"))
+    return out
+
+
+def run_labels(runs: Sequence[Run], planted: bool = True) -> list[str]:
+    """'c0000004 2999-01-05 10:00:00' per run, with ' #1', ' #2' on reruns of a commit made
+    within one second, and (with `planted`) ', planted +150% (host)' on a planted run:
+    unique within `runs`."""
+    stamps = [f"{r.commit} {r.datetime[:19].replace('T', ' ')}" for r in runs]
+    total = Counter(stamps)
+    seen: Counter[str] = Counter()
+    out = []
+    for run, stamp in zip(runs, stamps):
+        seen[stamp] += 1
+        label = stamp if total[stamp] == 1 else f"{stamp} #{seen[stamp]}"
+        note = plant_note(run.settings) if planted else ""
+        out.append(f"{label}, {note}" if note else label)
+    return out
+
+
+def tick_labels(runs: Sequence[Run]) -> list[str]:
+    """The x axis' label of each run: commit, date (and time or '#n' where needed to tell
+    reruns apart), and what sets it apart from the newest run's settings."""
+    out = []
+    for run, (commit, when) in zip(runs, _stamps(runs)):
+        note = run_note(run, runs[-1])
+        out.append(f"{html.escape(commit)}<br>{html.escape(when)}" + (f"<br>{html.escape(note)}" if note else ""))
+    return out
 
 
 @dataclass
@@ -121,10 +226,12 @@ class Summary:
     gpu: str
     label: str
     headers: list[str]
-    rows: list[list[str]]  # one per case, in the study's order; the last cell: "ok" or "REGRESSED: ..."
+    rows: list[list[str]]  # one per case, in the study's order; last cell "ok", "REGRESSED: ..." or "not gated: ..."
     reasons: list[tuple[str, str, str]]  # case, metric, the gate's message
     runs: int  # runs in the history, every GPU
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the run was judged against, whether it was planted
+    against: str = ""  # the label of the run it was judged against; "" for none
 
 
 def history_page(sections: Sequence[Section], summary: Summary, images: dict[str, bytes] | None = None) -> str:
@@ -143,7 +250,9 @@ def history_page(sections: Sequence[Section], summary: Summary, images: dict[str
         "<title>mlp-loadbench history</title>", STYLE, SCRIPT, "</head><body>",
         "<h1>mlp-loadbench history</h1>",
         (f"<p class='note'>{runs} run(s) on {len(sections)} GPU model(s). Hover a point for its commit, date, value "
-         "and change against the previous run; a red x marks a regression. Click a legend entry to hide a case, "
+         "and change against the run it was judged against (the newest earlier run with the same settings); a red x "
+         "marks a regression; hollow markers are runs with other settings than the section's newest run (a planted "
+         "slowdown, another profile or epoch count), on lines of their own. Click a legend entry to hide a case, "
          "double-click to show only it, or pick an experiment or a case above a section's charts.</p>"),
         summary_html(summary),
     ]  # fmt: skip
@@ -164,16 +273,17 @@ def summary_html(summary: Summary) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in summary.headers)
     rows = []
     for row in summary.rows:
-        regressed = row[-1] != "ok"
+        status = " class=regressed" if row[-1].startswith("REGRESSED") else " class=notgated" if row[-1] != "ok" else ""
         cells = "".join(f"<td{' class=num' if 0 < i < len(row) - 1 else ''}>{html.escape(c)}</td>" for i, c in enumerate(row))
-        rows.append(f"<tr{' class=regressed' if regressed else ''}>{cells}</tr>")
-    parts = [f"<h2>Latest run: {html.escape(summary.gpu)}, {html.escape(summary.label)}</h2>",
-             f"<table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"]  # fmt: skip
+        rows.append(f"<tr{status}>{cells}</tr>")
+    parts = [f"<h2>Latest run: {html.escape(summary.gpu)}, {html.escape(summary.label)}</h2>"]
+    parts += [f"<p class='note'>{_bold(html.escape(note))}</p>" for note in summary.notes]
+    parts.append(f"<table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
     if summary.reasons:
         items = "".join(f"<li><b>{html.escape(case)}</b>, {html.escape(metric)}: "
                         f"<span class='rule'>{html.escape(message)}</span></li>"
                         for case, metric, message in summary.reasons)  # fmt: skip
-        parts.append(f"<p>Regressions against the previous run on this GPU:</p><ul>{items}</ul>")
+        parts.append(f"<p>Regressions against {html.escape(summary.against)}:</p><ul>{items}</ul>")
     parts.append(f"<p class='note'>{summary.runs} run(s) in the history.</p>")
     if summary.warnings:
         parts.append("<ul class='note'>" + "".join(f"<li>warning: {html.escape(w)}</li>" for w in summary.warnings) + "</ul>")
@@ -188,10 +298,10 @@ def section_html(section: Section, chart_html: Any) -> str:
     sid = section_id(section.gpu)
     cases = sorted(section.experiments, key=study_order)
     experiments = list(dict.fromkeys(section.experiments[c] for c in cases))
-    first, last = section.runs[0], section.runs[-1]
+    labels = section.labels
     parts = [
         f"<section id='{sid}'><h2>{html.escape(section.gpu)}</h2>",
-        f"<p class='note'>{len(section.runs)} run(s), {html.escape(first.label)} to {html.escape(last.label)}.</p>",
+        f"<p class='note'>{len(section.runs)} run(s), {html.escape(labels[0])} to {html.escape(labels[-1])}.</p>",
         "<div class='controls'>",
         f"<label>experiment <select name='experiment' onchange=\"lbPick('{sid}', 'experiment')\">"
         "<option value=''>all experiments</option>"
@@ -201,6 +311,7 @@ def section_html(section: Section, chart_html: Any) -> str:
         + "".join(f"<option value='{html.escape(c)}' data-experiment='{html.escape(section.experiments[c])}'>"
                   f"{html.escape(c)}</option>" for c in cases)
         + "</select></label></div>",
+        other_settings_html(section),
         regression_table(section),
     ]  # fmt: skip
     for metric, chart in METRICS.items():
@@ -228,18 +339,46 @@ def missing_reason(section: Section, metric: str) -> str:
     return "not recorded by these runs"
 
 
+def other_settings_html(section: Section) -> str:
+    """The runs of a section that were planted or ran with other settings than its newest
+    run, each with what differs and what it was judged against; '' when there are none."""
+    labels, newest = run_labels(section.runs, planted=False), section.runs[-1]
+    items = []
+    for i, run in enumerate(section.runs):
+        note = run_note(run, newest)
+        if not note:
+            continue
+        pairing = section.pairing(i)
+        judged = (f"judged against {section.labels[pairing.baseline]}" if pairing.baseline is not None
+                  else f"not gated: {pairing.reason}")  # fmt: skip
+        items.append(f"<li>{html.escape(labels[i])}: <b>{html.escape(note)}</b>; {html.escape(judged)}</li>")
+    if not items:
+        return ""
+    return (f"<p class='note'>Runs planted or with other settings than the newest run "
+            f"({html.escape(settings_text(newest.settings, HISTORY_SETTINGS))}): drawn with hollow markers on lines "
+            f"of their own and judged only against runs with their own settings.</p><ul class='note other-settings'>"
+            + "".join(items) + "</ul>")  # fmt: skip
+
+
 def fmt(value: float | None, chart: Chart) -> str:
     if value is None:
         return "n/a"
     return f"{value:{chart.fmt}}{'%' if chart.unit == '%' else f' {chart.unit}' if chart.unit else ''}"
 
 
-def change(now: float | None, then: float | None, index: int, metric: str, chart: Chart) -> str:
-    """The change of a point against the same case in the run before it in the section."""
-    if index == 0:
-        return "first run on this GPU"
+def point_change(section: Section, labels: list[str], y: list[float | None], index: int, metric: str, chart: Chart) -> str:
+    """The change of a point against the same case in the run it was judged against (named
+    by its label in `labels`), or why it was judged against none."""
+    pairing = section.pairing(index)
+    if pairing.baseline is None:
+        return pairing.reason if pairing.reason == FIRST_RUN else f"not gated: {pairing.reason}"
+    return f"{change(y[index], y[pairing.baseline], metric, chart)} vs {labels[pairing.baseline]}"
+
+
+def change(now: float | None, then: float | None, metric: str, chart: Chart) -> str:
+    """The change from `then` to `now` in words, direction-aware."""
     if then is None:
-        return "no value in the previous run"
+        return "no value in the run judged against"
     if now is None:
         return "n/a"
     if chart.unit == "%":
@@ -276,29 +415,40 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
         return None
     runs = section.runs
     x = list(range(len(runs)))
+    groups = settings_groups(runs)  # the newest run's settings first: its lines are the solid ones
+    notes = [run_note(run, runs[-1]) for run in runs]
+    labels = section.labels
+    when = [run.datetime[:19].replace("T", " ") for run in runs]
     fig = go.Figure()
     families: dict[str, list[str]] = {}
     for case in cases:
         families.setdefault(section.experiments[case], []).append(case)
+    drawn: list[float] = []
     for n, case in enumerate(cases):
         experiment = section.experiments[case]
         rank = families[experiment].index(case)
         colour = _colour(experiment, rank, len(families[experiment]), n)
-        raw = values[case]
-        y = [None if v is None else v * chart.scale for v in raw]
-        customdata = [[run.commit, run.datetime[:16].replace("T", " "), fmt(y[i], chart),
-                       change(y[i], y[i - 1] if i else None, i, metric, chart),
-                       str(run.settings.get("profile", "?"))] for i, run in enumerate(runs)]  # fmt: skip
+        y = [None if v is None else v * chart.scale for v in values[case]]
+        drawn += [v for v in y if v is not None]
+        customdata = [[run.commit, when[i], fmt(y[i], chart), point_change(section, labels, y, i, metric, chart),
+                       settings_text(run.settings, ("profile", "epochs")) + (f"; {notes[i]}" if notes[i] else "")]
+                      for i, run in enumerate(runs)]  # fmt: skip
         name = html.escape(case)
         meta = {"case": case, "experiment": experiment}
-        fig.add_trace(go.Scatter(
-            x=x, y=y, name=case, legendgroup=case, meta=meta, customdata=customdata, mode="lines+markers",
-            line={"color": colour, "width": 1.6}, connectgaps=False,
-            marker={"symbol": SYMBOLS[rank % len(SYMBOLS)], "size": 7, "color": colour},
-            hovertemplate=(f"<b>{name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
-                           f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
-                           "change vs previous run: %{customdata[3]}<br>profile %{customdata[4]}<extra></extra>"),
-        ))  # fmt: skip
+        for g, indices in enumerate(groups):
+            # A run with other settings measured something else: its points join only their like.
+            symbol = SYMBOLS[rank % len(SYMBOLS)] + ("-open" if g else "")
+            fig.add_trace(go.Scatter(
+                x=indices, y=[y[i] for i in indices], name=case if g == 0 else f"{case} ({notes[indices[0]]})",
+                legendgroup=case, showlegend=g == 0, meta=meta, customdata=[customdata[i] for i in indices],
+                mode="lines+markers", connectgaps=False,
+                line={"color": colour, "width": 1.6 if g == 0 else 1.0, "dash": "solid" if g == 0 else "dot"},
+                marker={"symbol": symbol, "size": 7 if g == 0 else 9, "color": colour,
+                        "line": {"color": colour, "width": 1.5}},
+                hovertemplate=(f"<b>{name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
+                               f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
+                               "change vs the run judged against: %{customdata[3]}<br>%{customdata[4]}<extra></extra>"),
+            ))  # fmt: skip
         flagged = sorted(i for i in section.flagged.get(metric, {}).get(case, {}) if y[i] is not None)
         if flagged:
             rules = section.flagged[metric][case]
@@ -306,51 +456,80 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
                 x=flagged, y=[y[i] for i in flagged], name=f"{case} regression", legendgroup=case, showlegend=False,
                 meta=meta, mode="markers",
                 marker={"symbol": "x", "size": 14, "color": REGRESSION_COLOUR, "line": {"width": 1, "color": "white"}},
-                customdata=[[runs[i].commit, runs[i].datetime[:16].replace("T", " "), fmt(y[i], chart),
-                             change(y[i], y[i - 1], i, metric, chart), _rule(rules[i])] for i in flagged],
+                customdata=[[*customdata[i][:4], _rule(rules[i])] for i in flagged],
                 hovertemplate=(f"<b>REGRESSION: {name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
                                f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
-                               "change vs previous run: %{customdata[3]}<br>rule that flagged it:<br>  %{customdata[4]}<extra></extra>"),
+                               "change vs the run judged against: %{customdata[3]}<br>rule that flagged it:<br>  %{customdata[4]}<extra></extra>"),
             ))  # fmt: skip
     step = max(1, math.ceil(len(runs) / MAX_TICKS))
+    log = log_axis(drawn)
+    title = chart.title + (f" ({chart.unit})" if chart.unit else "") + (", log scale" if log else "")
     fig.update_layout(
-        template="plotly_white", height=max(420, 190 + 21 * len(cases)),  # the legend fits unscrolled margin={"l": 60, "r": 10, "t": 30, "b": 10},
-        hovermode="closest", legend={"title": {"text": "case"}, "font": {"size": 11}, "tracegroupgap": 0},
+        template="plotly_white", height=max(420, 190 + 21 * len(cases)),  # the legend fits unscrolled
+        margin=MARGIN, hovermode="closest", legend={"title": {"text": "case"}, "font": {"size": 11}, "tracegroupgap": 0},
         xaxis={"tickmode": "array", "tickvals": x[::step], "tickangle": -30, "range": [-0.3, len(runs) - 0.7],
-               "ticktext": [f"{r.commit}<br>{r.datetime[:10]}" for r in runs][::step], "title": {"text": "run (commit, date)"}},
-        yaxis={"title": {"text": chart.title + (f" ({chart.unit})" if chart.unit else "")}},
+               "ticktext": tick_labels(runs)[::step], "title": {"text": "run (commit, date)"}, "automargin": True},
+        yaxis={"title": {"text": title}, "type": "log" if log else "linear", "automargin": True},
     )  # fmt: skip
     return fig
 
 
+def log_axis(values: Sequence[float]) -> bool:
+    """Whether a chart's values span more than LOG_RATIO times (all positive): on a linear
+    axis the small ones would be flattened against the large."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_RATIO
+
+
+def settings_groups(runs: Sequence[Run]) -> list[list[int]]:
+    """The indices of `runs` grouped by what they measured (settings_key), the newest run's
+    group first, then the others by their first run."""
+    groups: dict[str, list[int]] = {}
+    for i, run in enumerate(runs):
+        groups.setdefault(settings_key(run.settings), []).append(i)
+    newest = groups.pop(settings_key(runs[-1].settings))
+    return [newest, *groups.values()]
+
+
 def regression_table(section: Section) -> str:
-    """Every regression in the section, newest first: commit, case, metric, old value,
-    new value, and the gate's message naming the rule that flagged it."""
+    """Every regression in the section, newest first: commit, case, metric, the value in
+    the run judged against, the new value, the gate's message naming the rule that
+    flagged it, and the run judged against."""
     rows = []
+    labels = section.labels
     for metric, chart in METRICS.items():
         for case, found in section.flagged.get(metric, {}).items():
             for i, message in found.items():
                 values = section.lines.get(metric, {}).get(case, [])
-                old = values[i - 1] if 0 < i <= len(values) else None
+                then = section.pairing(i).baseline
+                old = values[then] if then is not None and then < len(values) else None
                 new = values[i] if i < len(values) else None
-                rows.append((i, study_order(case), list(METRICS).index(metric), case, metric, chart, old, new, message))
+                order = (i, study_order(case), list(METRICS).index(metric))
+                rows.append((*order, case, metric, chart, old, new, message, then))
     if not rows:
-        return "<h3>Regressions</h3><p class='note'>none between consecutive runs on this GPU.</p>"
+        return "<h3>Regressions</h3><p class='note'>none between runs with the same settings on this GPU.</p>"
     rows.sort(key=lambda r: (-r[0], r[1], r[2]))
     body = []
-    for i, _, _, case, metric, chart, old, new, message in rows:
+    for i, _, _, case, metric, chart, old, new, message, then in rows:
         run = section.runs[i]
         old_text = fmt(None if old is None else old * chart.scale, chart)
         new_text = fmt(None if new is None else new * chart.scale, chart)
+        against = labels[then] if then is not None else ""
         body.append(
             f"<tr class='regressed' data-case='{html.escape(case)}' data-experiment='{html.escape(section.experiments[case])}'>"
-            f"<td>{html.escape(run.commit)}</td><td class=when>{html.escape(run.datetime[:16].replace('T', ' '))}</td>"
+            f"<td>{html.escape(run.commit)}</td><td class=when>{html.escape(run.datetime[:19].replace('T', ' '))}</td>"
             f"<td>{html.escape(case)}</td><td>{html.escape(metric)}</td><td class=num>{html.escape(old_text)}</td>"
-            f"<td class=num>{html.escape(new_text)}</td><td class='rule'>{html.escape(message)}</td></tr>"
+            f"<td class=num>{html.escape(new_text)}</td><td class='rule'>{html.escape(message)}</td>"
+            f"<td class=when>{html.escape(against)}</td></tr>"
         )
-    head = "".join(f"<th>{h}</th>" for h in ("commit", "date", "case", "metric", "old value", "new value", "rule that flagged it"))
+    head = "".join(f"<th>{h}</th>" for h in ("commit", "date", "case", "metric", "old value", "new value",
+                                             "rule that flagged it", "judged against"))  # fmt: skip
     return (f"<h3>Regressions ({len(rows)})</h3><table class='regressions'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>")  # fmt: skip
+
+
+def _bold(text: str) -> str:
+    """Markdown's **bold** (the summary's notes are written for summary.md) as HTML."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
 
 
 def _rule(message: str) -> str:

@@ -15,7 +15,12 @@ of the commits ``--serving-commits`` names) with
 ``history.html`` (interactive, drawn by
 bench.tools.history with Plotly; self-contained: plotly.js embedded) and ``summary.md``
 (fit for a CI job summary). The tables, figures and Pareto view describe the newest
-run; the history covers every run read, one section per GPU model. Cases are listed
+run; the history covers every run read, one section per GPU model. Each run is judged
+by the gate's rules against the newest earlier run that measured the same thing
+(compare.same_measurement: one GPU model, the same profile, epochs, dataset, loop,
+implementation, precision, planted slowdown...), so a run made with --plant-slowdown
+or other settings is never judged against an ordinary one; a run with no such earlier
+run is "not gated" and the summary says why. Cases are listed
 in the study's order everywhere (bench.cases.study_order). Every file is written to a
 temporary name and renamed, so a report is never half-written.
 """
@@ -38,16 +43,23 @@ from bench.plugin.budgets import Budgets
 from bench.cases import TITLES
 from bench.cases import study_order
 from bench.plugin.compare import FAILURE_METRICS
+from bench.plugin.compare import HISTORY_SETTINGS
 from bench.plugin.compare import MAX_HISTORY
 from bench.plugin.compare import check_against
 from bench.plugin.compare import explain
 from bench.plugin.compare import same_measurement
+from bench.plugin.compare import setting
 from bench.plugin.options import DEFAULT_BUDGETS
+from bench.tools.history import FIRST_RUN
 from bench.tools.history import METRICS
 from bench.tools.history import Flagged
+from bench.tools.history import Pairing
 from bench.tools.history import Section
 from bench.tools.history import Summary
 from bench.tools.history import history_page
+from bench.tools.history import plant_note
+from bench.tools.history import run_labels
+from bench.tools.history import settings_text
 from bench.tools.runs import Run
 from bench.tools.runs import by_gpu
 from bench.tools.runs import find_run_files
@@ -63,6 +75,9 @@ LOAD_METRICS = ("gpu_busy", "sm_activity")  # in extra_info['load']['normalized'
 NO_RUNS = "no mlp-loadbench runs with training cases"
 RUN_FIRST = "run `pytest bench/ --benchmark-autosave` first"
 SEARCH_FORMAT = "mlp-loadbench-search"  # bench.search.results.FORMAT: the report reads the file, not the package
+TIME_NOTE = ("Time(s) is the whole training of the case (its last timed round, where the profile times several): "
+             "every epoch, the first included (allocator growth, compilation, autotuning); 1st epoch s is that first "
+             "epoch alone. The time gate judges the median of the later epochs (s/epoch in summary.md).")  # fmt: skip
 
 
 
@@ -89,15 +104,40 @@ def by_experiment(run: Run) -> dict[str, list[dict[str, Any]]]:
 
 
 def tables_markdown(run: Run) -> str:
-    lines = [f"# mlp-loadbench: {run.gpu}, {run.label}", ""]
-    settings = ", ".join(f"{k} {v}" for k, v in run.settings.items())
-    lines += [f"Settings: {settings}", ""]
+    """The study's tables of one run, its settings line (unset settings left out) and a
+    note on what n/a and Time(s) mean."""
+    lines = [f"# mlp-loadbench: {run.gpu}, {run_labels([run])[0]}", ""]
+    lines += [f"Settings: {settings_line(run.settings)}", ""]
+    if plant_note(run.settings):
+        lines += [f"**Planted run**: --plant-slowdown {run.settings['plant']} slowed every timed epoch on purpose "
+                  "(the gate's self-test); these times are not the code's own.", ""]  # fmt: skip
+    any_na = False
     for experiment, benches in by_experiment(run).items():
         rows = [study_row(str(b["extra_info"]["case"]).split("-", 1)[1], b["extra_info"]) for b in benches]
+        any_na = any_na or any(cell == "n/a" for row in rows for cell in row)
         lines += [f"## {TITLES.get(experiment, experiment)}", ""]
         lines += [tabulate(rows, headers=[TITLES.get(experiment, experiment), *COLUMNS], tablefmt="github",
                            disable_numparse=True), ""]  # fmt: skip
+    lines += [TIME_NOTE, ""]
+    if any_na:
+        lines += [na_note(run), ""]
     return "\n".join(lines)
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    """'profile quick, epochs 22, ...': the settings a run was made with; unset ones
+    (None, empty) are left out."""
+    return ", ".join(f"{key} {value}" for key, value in settings.items() if value not in (None, "", {}, []))
+
+
+def na_note(run: Run) -> str:
+    """What n/a in the tables means, with the monitor's reasons (load.unavailable) where
+    the run recorded them."""
+    unavailable = [(b["extra_info"].get("load") or {}).get("unavailable") or {} for b in run.cases()]
+    reasons = dict.fromkeys(f"{what}: {why}" for found in unavailable for what, why in found.items())
+    if reasons:
+        return f"n/a: not measured on this machine ({'; '.join(reasons)}), or not recorded by this run."
+    return "n/a: not measured on this machine, or not recorded by this run."
 
 
 def resolve_series(path: str, roots: Sequence[Path]) -> Path | None:
@@ -151,23 +191,53 @@ def case_experiments(runs: list[Run]) -> dict[str, str]:
     return {case: found[case] for case in sorted(found, key=study_order)}
 
 
+def pairings(runs: list[Run]) -> list[Pairing]:
+    """Per run (oldest first, one GPU model): the newest earlier run that measured the same
+    thing (same_measurement), which it is judged against, or why there is none."""
+    out = []
+    for i, run in enumerate(runs):
+        same = [j for j in range(i) if same_measurement(runs[j].gpu, runs[j].settings, run.gpu, run.settings)]
+        out.append(Pairing(same[-1]) if same else Pairing(None, unpaired_reason(run, runs[:i])))
+    return out
+
+
+def unpaired_reason(run: Run, earlier: list[Run]) -> str:
+    """Why no run of `earlier` may judge `run`: none at all, or the settings that set it
+    apart from the run before it, e.g. 'no earlier run with the same settings (plant
+    150%:host; the run before: plant unset)'."""
+    if not earlier:
+        return FIRST_RUN
+    before = earlier[-1]
+    if before.gpu != run.gpu:
+        return f"no earlier run on {run.gpu}"
+    keys = [k for k in HISTORY_SETTINGS if setting(run.settings, k) != setting(before.settings, k)]
+    return (f"no earlier run with the same settings ({settings_text(run.settings, keys)}; "
+            f"the run before: {settings_text(before.settings, keys)})")  # fmt: skip
+
+
 def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, list]], Flagged]:
-    """Per metric: case -> values across runs, and the runs that regressed against the run
-    before them, judged by the gate's own rules (check_against) so report and gate agree.
+    """Per metric: case -> values across runs, and the runs that regressed against the
+    newest earlier run that measured the same thing (pairings), judged by the gate's own
+    rules (check_against) on a noise history of such runs only, so report and gate agree.
+    A planted run or one with other settings is judged only against its like.
     Give it the runs of one GPU model (by_gpu): the gate does not judge across models."""
     lines: dict[str, dict[str, list]] = {m: {} for m in HISTORY_METRICS}
     flagged: Flagged = {m: {} for m in HISTORY_METRICS}
+    paired = pairings(runs)
     for case, experiment in case_experiments(runs).items():
         infos = [case_info(run, case) for run in runs]
         for metric in HISTORY_METRICS:
             lines[metric][case] = [metric_value(info, metric) for info in infos]
         for i in range(1, len(runs)):
-            now, then = infos[i], infos[i - 1]
+            j = paired[i].baseline
+            if j is None:
+                continue  # nothing measured the same thing before it: not gated
+            now, then = infos[i], infos[j]
             if not now or not then:
                 continue  # the case is new or gone: nothing to judge
             profile, dataset = runs[i].settings.get("profile", "quick"), runs[i].settings.get("dataset", "synthetic")
             budget = budgets.resolve(profile, experiment, case, dataset)  # as the gate resolves it
-            history = noise_history(runs[:i], case)
+            history = noise_history(runs[: j + 1], case)
             for found in check_against(budget=budget, current=now, baseline=then, history=history):
                 failure = explain(found, now, then)  # with the kernels that grew, where both runs hold a trace
                 metric = FAILURE_METRICS.get(failure.metric, failure.metric)  # the gate's mapping: time ratio -> median
@@ -189,24 +259,47 @@ def noise_history(earlier: list[Run], case: str) -> list[dict[str, Any]]:
 
 
 def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
-    """The newest run of `section` (the newest run's GPU model) against the run before it there."""
+    """The newest run of `section` (the newest run's GPU model) against the newest earlier
+    run there that measured the same thing; "not gated: WHY" where there is none."""
     latest, last = section.runs[-1], len(section.runs) - 1
+    labels, pairing = section.labels, section.pairing(last)
+    against = section.runs[pairing.baseline] if pairing.baseline is not None else None
+    notes = []
+    if plant_note(latest.settings):
+        notes.append(f"**Planted run**: --plant-slowdown {latest.settings['plant']} slowed every timed epoch on "
+                     "purpose, so its times are not the code's own; it is judged only against runs planted alike.")  # fmt: skip
+    if against is not None:
+        notes.append(f"Judged against {labels[pairing.baseline]}, the newest earlier run on this GPU with the same "  # type: ignore[index]
+                     f"settings ({settings_text(latest.settings, ('profile', 'epochs', 'dataset'))}).")  # fmt: skip
+    else:
+        notes.append(f"Not gated: {pairing.reason}.")
     rows, reasons = [], []
     for bench in latest.cases():
         info = bench["extra_info"]
         marks = {m: cases[info["case"]][last] for m, cases in section.flagged.items() if last in cases.get(info["case"], {})}
+        if marks:
+            verdict = "REGRESSED: " + ", ".join(marks)
+        elif against is None:
+            verdict = f"not gated: {pairing.reason}"
+        elif case_info(against, info["case"]) is None:
+            verdict = f"not gated: not in {labels[pairing.baseline]}"  # type: ignore[index]
+        else:
+            verdict = "ok"
         rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}", f"{info['macro_f1']:.3f}",
-                     "REGRESSED: " + ", ".join(marks) if marks else "ok"])  # fmt: skip
+                     verdict])  # fmt: skip
         reasons += [(info["case"], metric, message) for metric, message in marks.items()]
-    headers = ["case", "s/epoch", "accuracy", "macro-F1", "vs previous run"]
-    return Summary(latest.gpu, latest.label, headers, rows, reasons, runs, list(warnings))
+    headers = ["case", "s/epoch", "accuracy", "macro-F1", "vs previous comparable run"]
+    return Summary(latest.gpu, labels[-1], headers, rows, reasons, runs, list(warnings), notes,
+                   labels[pairing.baseline] if pairing.baseline is not None else "")  # fmt: skip
 
 
 def summary_markdown(summary: Summary) -> str:
     lines = [f"## mlp-loadbench: {summary.gpu}, {summary.label}", ""]
+    for note in summary.notes:  # a paragraph each
+        lines += [note, ""]
     lines += [tabulate(summary.rows, headers=summary.headers, tablefmt="github", disable_numparse=True)]
     if summary.reasons:  # which rule of the gate flagged each regression
-        lines += ["", "Regressions against the previous run on this GPU model:", ""]
+        lines += ["", f"Regressions against {summary.against}:", ""]
         lines += [f"- {case}, {metric}: {message}" for case, metric, message in summary.reasons]
     lines += ["", f"{summary.runs} run(s) in the history."]
     lines += [f"- warning: {w}" for w in summary.warnings]
@@ -218,7 +311,7 @@ def sections(runs: list[Run], budgets: Budgets) -> list[Section]:
     out = []
     for gpu, group in by_gpu(runs).items():
         lines, flagged = regressions(group, budgets)
-        out.append(Section(gpu, group, lines, flagged, case_experiments(group)))
+        out.append(Section(gpu, group, lines, flagged, case_experiments(group), pairings(group)))
     return out
 
 
