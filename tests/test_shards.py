@@ -105,7 +105,7 @@ def test_a_unit_is_never_split(durations, count, timed) -> None:
 
 def test_a_pytest_shard_of_the_serving_matrix_holds_whole_configurations() -> None:
     root = Path(__file__).resolve().parents[1]
-    args = ["bench/test_inference.py", "--profile", "quick", "--shard", "2/4", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    args = ["bench/test_inference.py", "--profile", "quick", "--tier", "nightly", "--shard", "2/4", "--collect-only", "-q", "-p", "no:cacheprovider"]
     out = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=root, capture_output=True, text=True, timeout=300)
     ids = [line for line in out.stdout.splitlines() if "test_serving[" in line]
     configs = Counter("-".join(line.split("[", 1)[1].split("-")[:2]) for line in ids)  # 'units-128', 'act-leaky_relu'

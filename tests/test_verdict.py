@@ -1,0 +1,148 @@
+"""The gate's verdict record, the serving budgets per variant and configuration, the
+trade-off rule, and which metrics a cold-cache record is judged on."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.plugin.budgets import Budget
+from bench.plugin.budgets import BudgetError
+from bench.plugin.budgets import Budgets
+from bench.plugin.budgets import Failure
+from bench.plugin.budgets import check_drop_growth
+from bench.plugin.budgets import check_inference
+from bench.plugin.compare import Noise
+from bench.plugin.compare import check_growth
+from bench.plugin.options import DEFAULT_BUDGETS
+from bench.plugin.verdict import NOT_GATED
+from bench.plugin.verdict import OK
+from bench.plugin.verdict import OVER_BUDGET
+from bench.plugin.verdict import REGRESSED
+from bench.plugin.verdict import Verdict
+from bench.plugin.verdict import decide
+
+SLOW = Failure("epoch_time_ratio", 1.4, 1.1, 1.0, "median epoch 0.14 s vs 0.1 s")
+FLOOR = Failure("accuracy", 0.5, 0.65, None, "below its floor")
+
+
+@pytest.mark.parametrize(
+    ("budget_failures", "baseline_failures", "baseline", "gating", "status"),
+    [
+        ([], [], None, False, OK),
+        ([], [], "0001_main.json", True, OK),
+        ([], [], "0001_main.json", False, NOT_GATED),
+        ([FLOOR], [], "0001_main.json", False, OVER_BUDGET),
+        ([FLOOR], [], None, False, OVER_BUDGET),
+        ([], [SLOW], "0001_main.json", True, REGRESSED),
+        ([FLOOR], [SLOW], "0001_main.json", True, REGRESSED),
+    ],
+)
+def test_the_verdict_names_what_broke_first(budget_failures, baseline_failures, baseline, gating, status) -> None:
+    verdict = decide(budget_failures, baseline_failures, baseline=baseline, gating=gating, reason="r")
+    assert verdict.status == status
+    assert verdict.passed == (status in (OK, NOT_GATED))
+    assert list(verdict.failures) == [*baseline_failures, *budget_failures]
+
+
+def test_a_verdict_survives_the_run_file() -> None:
+    noise = Noise(0.004, 3, "2 stored run(s) and 1 round(s) of this run")
+    verdict = decide([], [SLOW], baseline="0003_main.json", gating=True, noise=noise)
+    again = Verdict.from_dict(verdict.as_dict())
+    assert again == verdict
+    assert again.noise == {"known": True, "spread": 0.004, "runs": 3, "source": noise.source}
+    assert again.line().startswith("regressed: epoch_time_ratio = 1.4 breaks its limit 1.1")
+    with pytest.raises(ValueError, match="'passed' is not one of"):
+        Verdict.from_dict({"status": "passed"})
+
+
+def test_without_a_baseline_the_verdict_says_budgets_only() -> None:
+    verdict = decide([], [], baseline=None, gating=False)
+    assert verdict.status == OK and verdict.reason == "no baseline: budgets only"
+    assert verdict.line() == "ok (no baseline: budgets only)"
+
+
+def write(tmp_path, text: str) -> Budgets:
+    path = tmp_path / "budgets.toml"
+    path.write_text(text)
+    return Budgets.load(path)
+
+
+def test_one_variant_of_one_configuration_has_its_own_limits(tmp_path) -> None:
+    budgets = write(tmp_path, """
+[inference.defaults]
+accuracy_drop_vs_fp32_max = 0.01
+[inference.variants.fp8]
+accuracy_drop_vs_fp32_max = 0.02
+[datasets.synthetic.profiles.quick.inference.defaults]
+latency_p99_us_max = 200
+[datasets.synthetic.profiles.quick.inference.cases."blocks-3"]
+throughput_4096_min = 1e6
+[datasets.synthetic.profiles.quick.inference.cases."blocks-3".variants.fp32]
+latency_p99_us_max = 60
+""")
+    fp32 = budgets.resolve_inference("quick", "fp32", "blocks-3")
+    assert fp32.latency_p99_us_max == 60 and fp32.throughput_4096_min == 1e6
+    assert budgets.resolve_inference("quick", "bf16", "blocks-3").latency_p99_us_max == 200
+    assert budgets.resolve_inference("quick", "fp32", "blocks-2").latency_p99_us_max == 200
+    assert budgets.resolve_inference("quick", "fp8", "blocks-3").accuracy_drop_vs_fp32_max == 0.02
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[inference.cases."blocks-3".variants.fp33]\naccuracy_drop_vs_fp32_max = 0.1\n',
+         r"\[inference.cases.\"blocks-3\".variants.fp33\]: unknown variant 'fp33' \(did you mean 'fp32'\?\)"),
+        ('[inference.cases."blocks-3".variants.fp32]\nlatency_p99_us_mx = 1\n', "unknown key 'latency_p99_us_mx'"),
+        ("[inference.variants.prune-90]\ntrade_off = 1\n", "trade_off = 1 must be true or false"),
+        ("[inference.variants.prune-90]\naccuracy_drop_growth_max = 2\n", "must be between 0 and 1"),
+        ('[inference.cases."blocks-3".variants.fp32]\nlatency_p99_us_max = 60\n', "floor or ceiling"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_serving_budget_is_named(tmp_path, text, message) -> None:
+    with pytest.raises(BudgetError, match=message):
+        write(tmp_path, text)
+
+
+def test_a_trade_off_variant_is_judged_against_its_own_baseline(tmp_path) -> None:
+    budgets = write(tmp_path, """
+[inference.defaults]
+accuracy_drop_vs_fp32_max = 0.01
+[inference.variants.prune-90]
+trade_off = true
+accuracy_drop_growth_max = 0.05
+""")
+    budget = budgets.resolve_inference("quick", "prune-90", "units-128")
+    measured = {"accuracy_drop": 0.276, "accuracy": 0.45}
+    assert check_inference(budget, measured) == []  # no fixed limit on a measured trade-off
+    assert check_drop_growth(budget, measured, {"accuracy_drop": 0.25}) == []
+    (grew,) = check_drop_growth(budget, measured, {"accuracy_drop": 0.20})
+    assert grew.metric == "accuracy_drop_growth" and grew.value == pytest.approx(0.076) and grew.limit == 0.05
+    fixed = budgets.resolve_inference("quick", "bf16", "units-128")
+    assert check_drop_growth(fixed, measured, {"accuracy_drop": 0.0}) == []  # not a trade-off: the fixed limit judges
+    assert [f.metric for f in check_inference(fixed, measured)] == ["accuracy_drop_vs_fp32"]
+
+
+def test_the_default_budgets_hold_pruning_as_a_trade_off() -> None:
+    budgets = Budgets.load(DEFAULT_BUDGETS)
+    for variant in ("prune-50", "prune-75", "prune-90"):
+        assert budgets.resolve_inference("quick", variant, "units-128").trade_off is True
+    assert budgets.resolve_inference("quick", "bf16", "units-128").trade_off is None
+    assert budgets.resolve_inference("quick", "fp32", "blocks-3").latency_p99_us_max == 60
+    assert budgets.resolve_inference("quick", "fp32", "units-1024").latency_p99_us_max == 200
+
+
+def grown(caches_now: str | None, caches_then: str | None) -> list[str]:
+    now = {"vram_peak_mib": 202.0, "energy_per_epoch_j": 22.0, "rss_peak_mib": 1000.0}
+    then = {"vram_peak_mib": 106.0, "energy_per_epoch_j": 12.0, "rss_peak_mib": 1000.0}
+    for record, caches in ((now, caches_now), (then, caches_then)):
+        if caches is not None:
+            record["kernel_caches"] = caches
+    return [f.metric for f in check_growth(Budget(memory_growth_pct=10, energy_growth_pct=15), now, then)]
+
+
+def test_first_epoch_figures_are_judged_only_between_warm_caches() -> None:
+    assert grown("warm", "warm") == ["vram_peak_mib", "energy_per_epoch_j"]
+    assert grown(None, None) == ["vram_peak_mib", "energy_per_epoch_j"]  # older records: warm
+    assert grown("empty", "warm") == []
+    assert grown("warm", "cold (emptied for this session)") == []
+    assert grown("empty", "empty") == []  # compilation time moves with the host's load
