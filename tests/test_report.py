@@ -576,14 +576,30 @@ def test_a_first_run_is_not_gated_and_says_so(tmp_path) -> None:
     assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "not gated: first run on this GPU")
 
 
-def test_a_case_new_in_this_run_is_not_gated_and_names_the_run_it_lacks(tmp_path) -> None:
-    first = _synthetic(tmp_path, 0)
-    run = json.loads(first.read_text())
-    run["benchmarks"] = [b for b in run["benchmarks"] if b["extra_info"]["case"] != "opt-sgd"]
-    first.write_text(json.dumps(run))
+def _without(path: Path, case: str) -> Path:
+    run = json.loads(path.read_text())
+    run["benchmarks"] = [b for b in run["benchmarks"] if b["extra_info"]["case"] != case]
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_a_case_new_in_this_run_is_not_gated(tmp_path) -> None:
+    first = _without(_synthetic(tmp_path, 0), "opt-sgd")
     build_report([first, _synthetic(tmp_path, 1)], tmp_path / "out", budgets_path=_budgets(tmp_path))
     verdicts = _verdicts(tmp_path / "out")
-    assert verdicts["opt-sgd"] == "not gated: not in c0000000 2999-01-01 10:00:00" and verdicts["units-128"] == "ok"
+    assert verdicts["opt-sgd"] == "not gated: no earlier run of this case with the same settings"
+    assert verdicts["units-128"] == "ok"
+
+
+def test_a_case_left_out_of_the_run_before_is_judged_against_the_newest_run_holding_it(tmp_path) -> None:
+    """A run of part of the matrix (the experiments alone, say) does not hide the history of
+    the rest: a case is judged against the newest earlier comparable run that holds it."""
+    paths = [_synthetic(tmp_path, 0), _without(_synthetic(tmp_path, 1), "opt-sgd"), _synthetic(tmp_path, 2)]
+    build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
+    assert _verdicts(tmp_path / "out")["opt-sgd"] == "ok (against c0000000 2999-01-01 10:00:00, the newest run holding it)"
+    slow = _synthetic(tmp_path, 2, slower=1.5)  # run 2 again, every epoch 50% slower
+    build_report(paths[:2] + [slow], tmp_path / "slow", budgets_path=_budgets(tmp_path))
+    assert _verdicts(tmp_path / "slow")["opt-sgd"].startswith("REGRESSED: median_epoch_s")
 
 
 def test_reruns_of_one_commit_get_distinct_labels(tmp_path) -> None:

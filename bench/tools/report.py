@@ -229,9 +229,9 @@ def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, 
         for metric in HISTORY_METRICS:
             lines[metric][case] = [metric_value(info, metric) for info in infos]
         for i in range(1, len(runs)):
-            j = paired[i].baseline
+            j = case_baseline(runs, paired, i, case)
             if j is None:
-                continue  # nothing measured the same thing before it: not gated
+                continue  # nothing measured this case the same way before it: not gated
             now, then = infos[i], infos[j]
             if not now or not then:
                 continue  # the case is new or gone: nothing to judge
@@ -243,6 +243,20 @@ def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, 
                 metric = FAILURE_METRICS.get(failure.metric, failure.metric)  # the gate's mapping: time ratio -> median
                 flagged.setdefault(metric, {}).setdefault(case, {})[i] = failure.message
     return lines, flagged
+
+
+def case_baseline(runs: list[Run], paired: list[Pairing], i: int, case: str) -> int | None:
+    """The run that judges `case` of run i: its pairing where that run holds the case, else
+    the newest earlier run that measured the same thing and holds it (a run of part of
+    the matrix, such as the experiments alone, does not hide the rest's history)."""
+    j = paired[i].baseline
+    if j is None:
+        return None
+    if case_info(runs[j], case) is not None:
+        return j
+    same = [k for k in range(j) if same_measurement(runs[k].gpu, runs[k].settings, runs[i].gpu, runs[i].settings)
+            and case_info(runs[k], case) is not None]  # fmt: skip
+    return same[-1] if same else None
 
 
 def case_info(run: Run, case: str) -> dict[str, Any] | None:
@@ -273,6 +287,7 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
                      f"settings ({settings_text(latest.settings, ('profile', 'epochs', 'dataset'))}).")  # fmt: skip
     else:
         notes.append(f"Not gated: {pairing.reason}.")
+    paired = [section.pairing(k) for k in range(len(section.runs))]
     rows, reasons = [], []
     for bench in latest.cases():
         info = bench["extra_info"]
@@ -281,8 +296,11 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
             verdict = "REGRESSED: " + ", ".join(marks)
         elif against is None:
             verdict = f"not gated: {pairing.reason}"
+        elif case_baseline(section.runs, paired, last, info["case"]) is None:
+            verdict = "not gated: no earlier run of this case with the same settings"
         elif case_info(against, info["case"]) is None:
-            verdict = f"not gated: not in {labels[pairing.baseline]}"  # type: ignore[index]
+            other = case_baseline(section.runs, paired, last, info["case"])
+            verdict = f"ok (against {labels[other]}, the newest run holding it)"  # type: ignore[index]
         else:
             verdict = "ok"
         rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}", f"{info['macro_f1']:.3f}",
