@@ -50,11 +50,26 @@ class Case:
     def id(self) -> str:
         return f"{self.experiment}-{self.value}"
 
+    @classmethod
+    def parse(cls, case_id: str) -> Case:
+        """The case of a case id ('units-128', 'loop-graph-triton'); ValueError names an unknown id."""
+        if case_id not in CASE_IDS:
+            raise ValueError(f"unknown case id {case_id!r}")
+        experiment, _, value = case_id.partition("-")
+        values = LOOP_CASES if experiment == "loop" else EXPERIMENTS[experiment][1]
+        return cls(experiment, next(v for v in values if str(v) == value))
+
     @property
     def changes(self) -> dict[str, object]:
         if self.experiment == "loop":
             return dict(LOOP_CASES[str(self.value)])
         return {EXPERIMENTS[self.experiment][0]: self.value}
+
+
+def case_ids(cases: list[Case]) -> list[str]:
+    """Case ids as pytest parameters: strings, so pytest-benchmark's group-by, CSV and
+    JSON show 'units-128' (a Case object there reads UNSERIALIZABLE[Case(...)])."""
+    return [case.id for case in cases]
 
 
 def experiment_cases(experiment: str) -> list[Case]:

@@ -75,7 +75,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(
         ("case", "variant", "impl"),
         [
-            pytest.param(case, variant, impl, id=f"{case.id}-{variant}-{impl}",
+            pytest.param(case.id, variant, impl, id=f"{case.id}-{variant}-{impl}",
                          marks=() if case.id in PR_CASES else nightly)  # fmt: skip
             for case in cases
             for variant in VARIANTS
@@ -120,7 +120,8 @@ def pedantic_timer(benchmark: Any) -> Any:
     return timer
 
 
-def test_serving(benchmark, request, case: Case, variant: str, impl: str) -> None:
+def test_serving(benchmark, request, case: str, variant: str, impl: str) -> None:
+    case = Case.parse(case)
     session = get_session(request.config)
     options = session.options
     reason = skip_reason(variant, impl, options.device, options.profile.name)

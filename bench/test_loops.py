@@ -8,6 +8,7 @@ model's FLOPs at the card's measured matmul ceiling).
 import pytest
 
 from bench.cases import Case
+from bench.cases import case_ids
 from bench.cases import loop_cases
 from bench.monitor.ceiling import matmul_tflops
 
@@ -21,17 +22,18 @@ def ceiling_tflops(request) -> dict:
 
 # Triton's CPU interpreter runs a 512-wide step in about 20 s, and Inductor compiles
 # for a minute on two cores: on a CPU those cases check the code path on a narrow model
-# for one epoch (their records say so).
-INTERPRETER_OVERRIDES = {"width": 32, "epochs": 1}
+# for two epochs, one of them timed (their records say so).
+INTERPRETER_OVERRIDES = {"width": 32, "epochs": 2}  # the first epoch is the warm-up: one timed
 
 
-@pytest.mark.parametrize("case", loop_cases(), ids=lambda case: case.id)
-def test_training_loop(loadbench, case: Case, ceiling_tflops) -> None:
+@pytest.mark.parametrize("case", case_ids(loop_cases()))
+def test_training_loop(loadbench, case: str, ceiling_tflops) -> None:
+    loop = Case.parse(case)
     cpu = loadbench.session.options.device.type == "cpu"
-    slow_on_cpu = {"triton", "compile"} & {case.changes.get("impl"), case.changes.get("optimizer_impl")}
+    slow_on_cpu = {"triton", "compile"} & {loop.changes.get("impl"), loop.changes.get("optimizer_impl")}
     overrides = INTERPRETER_OVERRIDES if cpu and slow_on_cpu else {}
     try:
-        loadbench.run(case, **overrides)
+        loadbench.run(loop, **overrides)
     finally:
         record = loadbench.benchmark.extra_info
         if "median_epoch_s" in record:

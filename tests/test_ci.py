@@ -1,7 +1,7 @@
 """`python -m bench.tools.ci` end to end on the CPU: main's runs stored, pull requests
 judged against them, the job summary written from the gate's verdicts.
 
-Epoch times are planted on the trainer's clock (tests/test_harness.py's PLANTED_CLOCK), so
+Epoch times are planted on pytest-benchmark's timer (tests/test_harness.py's PLANTED_TIMER), so
 the gate's decisions do not depend on how busy this machine is."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from model.data import synthesize
 from model.data import write_csv
 from tests.test_harness import CASES
 from tests.test_harness import CONFTEST
+from tests.test_harness import PLANTED_TIMER
+from tests.test_harness import TIMER
 
 GATE = "[defaults]\ntime_slower_pct = 10\ntime_noise_k = 3\ntime_noise_unknown_pct = 25\ntime_alpha = 0.01\n"
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("project")
     (root / "conftest.py").write_text(CONFTEST)
     (root / "test_cases.py").write_text(CASES)
+    (root / "planted.py").write_text(PLANTED_TIMER)
     (root / "budgets.toml").write_text(GATE)
     write_csv(synthesize(scale=0.02), root / "tiny.csv")
     return root
@@ -42,7 +45,7 @@ def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subpr
     env.pop("GITHUB_SHA", None)
     command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(project / "main-runs"),
                "--out", str(project / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", *extra,
-               "--", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", "-q"]  # fmt: skip
+               "--", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", TIMER, "-q"]  # fmt: skip
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -26,23 +26,23 @@ def test_other(loadbench):
     loadbench.run(Case("blocks", 3), width=32)
 """
 
-# Time is planted, not measured: each epoch lasts PLANTED_EPOCH_S (from the environment)
-# on the trainer's clock, with a fixed ripple of +-0.8%, however busy the machine is.
-PLANTED_CLOCK = """
+# Time is planted, not measured: each timed epoch (one pytest-benchmark round) lasts
+# PLANTED_EPOCH_S (from the environment) on pytest-benchmark's timer, which the gate reads,
+# with a fixed ripple of +-0.8%, however busy the machine is. The module goes beside the
+# conftest; TIMER names it with pytest-benchmark's own --benchmark-timer.
+PLANTED_TIMER = """
 import itertools, os
-import pytest
-from model.train import Trainer
 
-@pytest.fixture(autouse=True)
-def planted_clock(monkeypatch):
+_ticks = itertools.count()
+
+
+def clock():
     seconds = float(os.environ.get("PLANTED_EPOCH_S", "0.1"))
-    ticks = itertools.count()
-    def clock():
-        epoch, stop = divmod(next(ticks), 2)
-        return epoch * 100 * seconds + stop * seconds * (1 + 0.004 * (epoch % 5 - 2))
-    monkeypatch.setattr(Trainer, "clock", staticmethod(clock))
+    epoch, stop = divmod(next(_ticks), 2)
+    return epoch * 100 * seconds + stop * seconds * (1 + 0.004 * (epoch % 5 - 2))
 """
-CONFTEST = 'pytest_plugins = ["bench.plugin"]\n' + PLANTED_CLOCK
+TIMER = "--benchmark-timer=planted.clock"
+CONFTEST = 'pytest_plugins = ["bench.plugin"]\n'
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def tiny_csv(tmp_path_factory) -> Path:
 def bench(pytester: pytest.Pytester, tiny_csv: Path):
     """Run the harness in pytester's directory on a tiny CSV, with planted epoch times."""
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_cases=CASES)
+    pytester.makepyfile(test_cases=CASES, planted=PLANTED_TIMER)
 
     def run(*args: str, budgets: str | None = None) -> pytest.RunResult:
         extra = []
@@ -62,7 +62,7 @@ def bench(pytester: pytest.Pytester, tiny_csv: Path):
             (pytester.path / "budgets.toml").write_text(budgets)
             extra = [f"--budgets={pytester.path / 'budgets.toml'}"]
         return pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=8",
+            "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=8", TIMER,
             f"--dataset={tiny_csv}", f"--benchmark-storage={pytester.path / 'runs'}", *extra, *args,
         )  # fmt: skip
 
@@ -273,7 +273,7 @@ def test_out_of_memory_fails_the_case_with_its_configuration(bench, pytester) ->
         "import pytest, torch\nfrom model.train import Trainer\n"
         "@pytest.fixture(autouse=True)\ndef oom(monkeypatch):\n"
         "    def fail(self, *a, **k):\n        raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 80 GiB')\n"
-        "    monkeypatch.setattr(Trainer, 'fit', fail)\n"
+        "    monkeypatch.setattr(Trainer, 'run_epoch', fail)\n"
     )
     result = bench(budgets="")
     result.assert_outcomes(failed=2)
@@ -332,7 +332,7 @@ def ctrl_c_in_the_second_case(request, monkeypatch):
     if request.node.name == "test_other":
         def interrupted(self, *args, **kwargs):
             raise KeyboardInterrupt
-        monkeypatch.setattr(Trainer, "fit", interrupted)
+        monkeypatch.setattr(Trainer, "run_epoch", interrupted)
 """
 
 
@@ -472,14 +472,14 @@ KILL_SECOND = """
 import os
 from model.train import Trainer
 
-_fit = Trainer.fit
+_run_epoch = Trainer.run_epoch
 
 def killed(self, *args, **kwargs):
     if getattr(self.config, "depth", None) == 3:
         os._exit(137)  # as a time limit's SIGKILL: no hook, no finaliser runs
-    return _fit(self, *args, **kwargs)
+    return _run_epoch(self, *args, **kwargs)
 
-Trainer.fit = killed
+Trainer.run_epoch = killed
 """
 
 

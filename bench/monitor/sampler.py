@@ -292,10 +292,12 @@ class LoadMonitor:
                 self.paused_seconds += time.perf_counter() - start
 
     def stop(self) -> None:
+        """End the window; a second call (the context's exit after an early stop) keeps the first's."""
+        if self._thread is None:
+            return
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._thread.join()
+        self._thread = None
         self.stopped = time.perf_counter()
         if self.gpu is not None:
             self.energy_stop_mj = self.gpu.energy_mj()

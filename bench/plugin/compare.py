@@ -66,6 +66,7 @@ class Baseline:
     benchmarks: dict[str, dict[str, Any]]  # fullname -> saved benchmark
     gating: bool = True
     reason: str = ""  # why it does not gate
+    differs: tuple[str, ...] = ()  # what set it apart: "gpu" and the settings that differ
     notes: list[str] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)  # stored runs for the noise estimate, oldest first
 
@@ -104,6 +105,7 @@ def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any])
     ours, theirs = gpu_name(machine_info), baseline.gpu
     if ours != theirs:
         baseline.gating = False
+        baseline.differs = ("gpu",)
         baseline.reason = f"baseline {path.name} was measured on {theirs}, this run on {ours}: shown, not gated"
     return baseline
 

@@ -19,15 +19,14 @@ from model.config import PRECISIONS
 class Profile:
     name: str
     scale: float  # fraction of the dataset's frames
-    epochs: int
-    rounds: int  # full trainings timed per case
+    epochs: int  # the first is the warm-up; every later epoch is one pytest-benchmark round
     about: str
 
 
 PROFILES = {
-    "smoke": Profile("smoke", 0.1, 8, 1, "10% of the frames, 8 epochs: the CPU check of every code path"),
-    "quick": Profile("quick", 1.0, 40, 1, "all frames, 40 epochs: accuracy budgets mean something"),
-    "thesis": Profile("thesis", 1.0, 400, 1, "all frames, the study's 400 epochs"),
+    "smoke": Profile("smoke", 0.1, 8, "10% of the frames, 8 epochs: the CPU check of every code path"),
+    "quick": Profile("quick", 1.0, 40, "all frames, 40 epochs: accuracy budgets mean something"),
+    "thesis": Profile("thesis", 1.0, 400, "all frames, the study's 400 epochs"),
 }
 TIERS = ("pr", "nightly")  # the nightly tier is every case; the pr tier leaves out cases marked nightly
 DEFAULT_BUDGETS = Path(__file__).resolve().parents[1] / "budgets.toml"
@@ -92,6 +91,15 @@ def parse_positive_int(value: str) -> int:
     return int(value)
 
 
+def parse_epochs(value: str) -> int:
+    """At least 2: the first epoch is the warm-up round, so one epoch would time nothing."""
+    epochs = parse_positive_int(value)
+    if epochs < 2:
+        raise argparse.ArgumentTypeError(f"{value!r}: the first epoch is the warm-up (compilation, graph capture), "
+                                         "so at least 2 are needed for one timed epoch")  # fmt: skip
+    return epochs
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("loadbench", "mlp-loadbench")
     group.addoption("--profile", choices=sorted(PROFILES), default=None,
@@ -114,8 +122,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="load sampling period. Default: %(default)r")
     group.addoption("--series-dir", default=None, metavar="DIR",
                     help="where per-case sample series go. Default: series/ inside the benchmark storage")
-    group.addoption("--epochs", type=parse_positive_int, default=None, metavar="N",
-                    help="override the profile's epochs")
+    group.addoption("--epochs", type=parse_epochs, default=None, metavar="N",
+                    help="override the profile's epochs (at least 2: the first is the warm-up round)")
     group.addoption("--shard", type=parse_shard, default=None, metavar="I/N",
                     help="run the I-th of N deterministic shards of the collected cases (1-based)")
     group.addoption("--shard-durations", default=None, metavar="RUN.json",

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from bench.plugin import benchmark_options
 from bench.plugin.budgets import Budgets
 from bench.plugin.budgets import BudgetError
 from bench.monitor.sampler import GpuProbe
@@ -55,6 +56,7 @@ class LoadBenchSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.options = Options.from_config(config)
+        benchmark_options.check(config, timed_epochs=self.options.epochs - 1)
         try:
             self.budgets = Budgets.load(self.options.budgets)
         except BudgetError as exc:
@@ -75,7 +77,9 @@ class LoadBenchSession:
         self.shared: dict[str, Any] = {}  # measurements later cases of the session compare with
         self._dataset: Dataset | None = None
         self.left_to_nightly = 0  # cases of the nightly tier this pr-tier run left out
-        self.interrupted: list[str] = []  # cases left out of the saved run by an interrupt
+        self.unfinished: list[str] = []  # cases left out of the saved run: no timed round
+        self.running: str | None = None  # the test under way, for an interrupt's message
+        self.interrupted_in: str | None = None  # the test a Ctrl-C cut short
         self.partial = PartialRun(config)  # the run so far, beside --benchmark-json
         self.started = datetime.datetime.now(datetime.timezone.utc)
 
@@ -207,7 +211,10 @@ class LoadBenchSession:
         theirs = compared_benchmark["machine_info"][RECORD_KEY].get("settings", {})
         ours = self.settings()
         for key in HISTORY_SETTINGS:  # the keys same_measurement compares: the report and compare judge alike
-            if baseline.gating and setting(theirs, key) != ours[key]:
+            if setting(theirs, key) == ours[key]:
+                continue
+            baseline.differs += (key,)
+            if baseline.gating:
                 baseline.gating = False
                 baseline.reason = (f"baseline ran {key}={setting(theirs, key)!r}, this run {key}={ours[key]!r}: "
                                    "shown, not gated")  # fmt: skip
@@ -247,6 +254,7 @@ class LoadBenchSession:
             for baseline in self.baselines:
                 if str(baseline.path) == str(run.get("datetime", "baseline")):
                     baseline.history = history
+        benchmark_options.check_compare_fail(self.config, self.baselines)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -290,12 +298,20 @@ class LoadBenchSession:
         if bs is not None:
             unfinished = [bench for bench in bs.benchmarks if not bench]
             if unfinished:
-                self.interrupted = [str(bench.fullname) for bench in unfinished]
+                self.unfinished = [str(bench.fullname) for bench in unfinished]
                 bs.benchmarks[:] = [bench for bench in bs.benchmarks if bench]
         return (yield)
 
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self.running = nodeid
+
+    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+        """Ctrl-C: name the test it cut short (a failed test is never called interrupted)."""
+        self.interrupted_in = self.running
+
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         """After each test, teardown included: the run so far beside --benchmark-json."""
+        self.running = None
         self.partial.write()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -317,10 +333,14 @@ class LoadBenchSession:
                 f"mlp-loadbench: tier pr: {self.left_to_nightly} case(s) of the nightly tier left out "
                 "(--tier nightly runs them)"
             )
-        if self.interrupted:
-            saved = "saved the finished cases" if self.saving else "stored nothing"
+        saved = "saved the finished cases" if self.saving else "stored nothing"
+        if self.interrupted_in is not None:
+            terminalreporter.write_line(f"mlp-loadbench: interrupted: {saved}; left out {self.interrupted_in} (cut short)")
+        failed = [name for name in self.unfinished if self.interrupted_in is None or not
+                  self.interrupted_in.endswith(name.rsplit("::", 1)[-1])]  # fmt: skip
+        if failed:
             terminalreporter.write_line(
-                f"mlp-loadbench: interrupted: {saved}; left out {', '.join(self.interrupted)} (cut short)"
+                f"mlp-loadbench: left out of the saved run: {', '.join(failed)} (failed before its first timed round)"
             )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -35,8 +35,8 @@ def unit_of(node_id: str, params: Mapping[str, Any]) -> str:
     """The unit a collected case travels with: a serving case's test and configuration
     (its `case` and `variant` parameters), else the case itself."""
     case = params.get("case")
-    if "variant" in params and hasattr(case, "id"):
-        return f"{node_id.split('[', 1)[0]}[{case.id}]"
+    if "variant" in params and case is not None:
+        return f"{node_id.split('[', 1)[0]}[{getattr(case, 'id', case)}]"
     return node_id
 
 
