@@ -85,9 +85,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def model_cache_dir(config: pytest.Config) -> Path:
-    """$LOADBENCH_MODEL_CACHE, else `trained-models/` inside the benchmark storage."""
+    """$LOADBENCH_MODEL_CACHE, else `trained-models/` inside the benchmark storage when the
+    run is stored, else a folder of this session's own (a run that stores nothing writes
+    nothing into the checkout)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
+    session = get_session(config)
+    if session is not None and not session.saving:
+        return session.scratch("trained-models")
     storage = getattr(getattr(config, "_benchmarksession", None), "storage", None)
     return Path(getattr(storage, "path", ".benchmarks")) / "trained-models"
 

@@ -156,3 +156,29 @@ def test_disable_still_trains_every_epoch(run) -> None:
     result = run("--benchmark-disable", "-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([f"*blocks-2: epoch {EPOCHS}/{EPOCHS}*", f"*units-128: epoch {EPOCHS}/{EPOCHS}*"])
+
+
+def test_disable_gc_holds_for_every_timed_epoch(run, pytester) -> None:
+    """--benchmark-disable-gc: pytest-benchmark turns the collector off around each round,
+    so every timed epoch runs without it (the warm-up epoch, outside the rounds, with it)."""
+    pytester.makeconftest('pytest_plugins = ["bench.plugin"]\n' + """
+import gc, pytest
+from model.train import Trainer
+
+@pytest.fixture(autouse=True)
+def watch_gc(monkeypatch, tmp_path_factory):
+    seen = []
+    original = Trainer.run_epoch
+    def run_epoch(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(Trainer, "run_epoch", run_epoch)
+    yield
+    with open("gc.txt", "a") as handle:
+        handle.write("".join("1" if on else "0" for on in seen) + "\\n")
+""")
+    run("--benchmark-disable-gc", "-k", "blocks-2").assert_outcomes(passed=1, deselected=1)
+    run("-k", "blocks-2").assert_outcomes(passed=1, deselected=1)
+    with_flag, without = (pytester.path / "gc.txt").read_text().split()
+    assert with_flag == "1" + "0" * (EPOCHS - 1)
+    assert without == "1" * EPOCHS

@@ -549,3 +549,32 @@ def test_the_partial_file_is_written_at_most_every_interval_and_by_its_cost(tmp_
     session.json.write_text("{}")  # pytest-benchmark wrote the whole run
     run.finish()
     assert not written.exists()
+
+
+def test_a_long_case_shows_progress_without_verbose(bench, pytester) -> None:
+    """Without -v a case says it is alive every QUIET_PROGRESS_AFTER_S (here 0, so every
+    epoch); with the default it stays quiet, as the other tests here show."""
+    pytester.makeconftest(CONFTEST + "import bench.plugin.fixture as fixture\nfixture.QUIET_PROGRESS_AFTER_S = 0.0\n")
+    result = bench(budgets="")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*blocks-2: epoch 1/8*", "*blocks-2: epoch 8/8*"])
+    pytester.makeconftest(CONFTEST)  # the default: a case of a second or so prints no epoch line
+    quiet = bench(budgets="")
+    quiet.assert_outcomes(passed=2)
+    assert "epoch 1/8" not in quiet.stdout.str()
+
+
+@pytest.mark.slow
+def test_an_unstored_serving_run_writes_nothing_where_it_runs(tmp_path) -> None:
+    """The serving case trains its model; unstored, it keeps it in a folder of the session's
+    own, not in `.benchmarks/trained-models/` under the working directory."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(root / "bench" / "test_inference.py"), "-k", "blocks-3-fp32-torch",
+         "-p", "no:cacheprovider", "-q", "--device=cpu", "--profile=smoke", f"--rootdir={root}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "LOADBENCH_MODEL_CACHE": ""},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout
+    # pytest-benchmark makes its (empty) storage folder wherever it runs; nothing of ours is in it
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] in ([], [Path(".benchmarks")])

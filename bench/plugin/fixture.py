@@ -43,6 +43,7 @@ from model.train import Trainer
 from model.train import TrainResult
 
 PROGRESS_EVERY_S = 1.0  # at most one progress line a second, so fast epochs do not flood
+QUIET_PROGRESS_AFTER_S = 10.0  # without -v, a case this long shows a line this often
 
 
 class LoadBench:
@@ -129,13 +130,18 @@ class LoadBench:
         verbose = self.request.config.get_verbosity() > 0 or self.request.config.getoption("capture") == "no"
         reporter = self.request.config.pluginmanager.get_plugin("terminalreporter")
         capture = self.request.config.pluginmanager.get_plugin("capturemanager")
-        last = [0.0]
+        last = [time.monotonic() if not verbose else 0.0]
 
         def on_epoch(epoch: int, seconds: float, loss: float) -> None:
             monitor.epoch = epoch
+            if reporter is None:
+                return
             now = time.monotonic()
-            final = epoch == config.epochs - 1
-            if not verbose or reporter is None or (now - last[0] < PROGRESS_EVERY_S and not final):
+            if verbose:
+                due = epoch == config.epochs - 1 or now - last[0] >= PROGRESS_EVERY_S
+            else:  # a long case says it is alive every QUIET_PROGRESS_AFTER_S
+                due = now - last[0] >= QUIET_PROGRESS_AFTER_S
+            if not due:
                 return
             last[0] = now
             line = f"  {case.id}: epoch {epoch + 1}/{config.epochs}  {seconds:.3f} s  loss {loss:.4f}"

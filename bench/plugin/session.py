@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,7 @@ class LoadBenchSession:
         self._dataset: Dataset | None = None
         self.left_to_nightly = 0  # cases of the nightly tier this pr-tier run left out
         self.unfinished: list[str] = []  # cases left out of the saved run: no timed round
+        self._scratch: Path | None = None
         self.running: str | None = None  # the test under way, for an interrupt's message
         self.interrupted_in: str | None = None  # the test a Ctrl-C cut short
         self.partial = PartialRun(config)  # the run so far, beside --benchmark-json
@@ -157,6 +160,15 @@ class LoadBenchSession:
             if entry["case"].id == case_id:
                 return entry["record"]
         return None
+
+    def scratch(self, name: str) -> Path:
+        """A folder of this session's own, removed when it ends: where an unstored run keeps
+        what it must write (trained models), so nothing lands in the checkout."""
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="loadbench-"))
+        folder = self._scratch / name
+        folder.mkdir(exist_ok=True)
+        return folder
 
     @property
     def no_baseline_reason(self) -> str:
@@ -345,6 +357,8 @@ class LoadBenchSession:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.partial.finish()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         if isinstance(self.probe, GpuProbe):
             self.probe.close()
         self.caches.close()

@@ -588,8 +588,11 @@ def run_one(
     with log.open("w", encoding="utf-8") as handle:
         code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
     seconds = time.perf_counter() - start
-    if code not in PYTEST_OK or not out_json.is_file():
-        why = f"pytest exit {code}" + ("" if out_json.is_file() else ", no JSON written")
+    # pytest-benchmark opens --benchmark-json's file while it parses the command line, so a
+    # run stopped by a usage error leaves it there, empty.
+    written = out_json.is_file() and out_json.stat().st_size > 0
+    if code not in PYTEST_OK or not written:
+        why = f"pytest exit {code}" + ("" if written else ", no JSON written")
         raise SelftestError(f"run {name} failed ({why}; output in {log}): {shlex.join(command)}")
     return code, seconds
 
