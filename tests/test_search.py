@@ -245,6 +245,23 @@ def test_an_interrupted_search_writes_what_it_has_and_resumes(tmp_path, tiny, ca
     assert [t.state for t in study.trials].count(TrialState.FAIL) == 1
 
 
+def test_a_preset_cut_short_by_ctrl_c_is_measured_on_resume(tmp_path, tiny, capsys) -> None:
+    """The first trials are the presets: a Ctrl-C in the second leaves it unanswered, and
+    resuming measures it (Optuna's own enqueue would skip it as already there)."""
+    assert search(tmp_path, "--trials", "6", "--space", str(tiny), fake=Fake(interrupt_at=2)) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    cut = [t for t in stored(tmp_path).trials if t.state == TrialState.FAIL]
+    assert len(cut) == 1 and "preset" in cut[0].user_attrs
+    name = cut[0].user_attrs["preset"]
+    assert search(tmp_path, "--trials", "6", "--space", str(tiny)) == 0
+    again = [t for t in stored(tmp_path).trials if t.user_attrs.get("preset") == name and answered(t)]
+    assert len(again) == 1
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert name not in json.dumps(summary.get("missing_presets", {}))
+    assert f"preset {name} not measured" not in (tmp_path / "out" / "front.md").read_text()
+
+
 def test_an_accuracy_drop_over_the_limit_is_infeasible_and_off_the_front(tmp_path, tiny) -> None:
     search(tmp_path, "--trials", "10", "--space", str(tiny))
     summary = json.loads((tmp_path / "out" / "search.json").read_text())

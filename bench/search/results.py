@@ -140,7 +140,10 @@ def compare(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
         "beats_every_preset_on": [k for k in keys if per_objective[k]["front_beats_every_preset"]],
         "presets_dominated_by": dominated,
         "infeasible_presets": [r["preset"] for r in presets if not r["feasible"]],
-        "unmeasured_presets": {r["preset"]: r["reason"] for r in rows if r["preset"] and r["state"] != "complete"},
+        # A preset cut short and measured on resume has both rows: it counts as measured.
+        "unmeasured_presets": {r["preset"]: r["reason"] or "interrupted, not yet run again" for r in rows
+                               if r["preset"] and r["state"] != "complete"
+                               and not any(o["preset"] == r["preset"] and o["state"] == "complete" for o in rows)},
     }
 
 

@@ -165,12 +165,18 @@ def enqueue_presets(study: optuna.Study, settings: SearchSettings, presets: Mapp
     with its name so the results can compare the front with it. Returns the presets
     left out and why (outside the space)."""
     skipped = {}
+    trials = study.get_trials(deepcopy=False)
     for name, compression in presets.items():
         params = preset_params(compression, settings.space, settings.base, settings.train_space)
         if isinstance(params, str):
             skipped[name] = params
             continue
-        study.enqueue_trial(params, user_attrs={"preset": name}, skip_if_exists=True)
+        # Optuna's skip_if_exists would also skip a preset whose trial a Ctrl-C or a kill cut
+        # short, and it would never be measured: queue it again unless it answered or waits.
+        mine = [t for t in trials if t.user_attrs.get("preset") == name]
+        if any(answered(t) or t.state == TrialState.WAITING for t in mine):
+            continue
+        study.enqueue_trial(params, user_attrs={"preset": name})
     return skipped
 
 
@@ -341,7 +347,8 @@ def run_search(
     log: Callable[[str], None] = print,
 ) -> Outcome:
     """Open or resume the study, put the presets first, run the trials it still needs."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress line replaces Optuna's
+    # Our progress line replaces Optuna's, which would also print a Ctrl-C's traceback.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = open_study(settings)
     outcome = Outcome(study)
     outcome.skipped_presets = enqueue_presets(study, settings, presets)
