@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from model.data import FEATURE_COLUMNS
 from model.data import ID_COLUMNS
@@ -16,6 +18,7 @@ from model.data import load_dataset
 from model.data import read_csv
 from model.data import split_by_video
 from model.data import synthesize
+from model.data import to_device
 from model.data import write_csv
 
 
@@ -72,6 +75,33 @@ def test_dataset_is_standardised_on_train_statistics(small) -> None:
     data = load_dataset("synthetic", scale=0.02)
     assert data.x_train.shape[1] == 75 and data.n_classes == 10
     assert abs(float(data.x_train.mean())) < 1e-3
+
+
+def test_test_frames_do_not_move_the_standardisation(small) -> None:
+    train, test = split_by_video(small)
+    planted = small.features.copy()
+    planted[np.flatnonzero(test)[0]] = 1e6  # one extreme test frame
+    data = to_device(small)
+    leaked = to_device(replace(small, features=planted))
+    assert np.array_equal(leaked.x_train.numpy(), data.x_train.numpy())
+    # The training features are standardised on their own statistics.
+    x = data.x_train.numpy().astype(np.float64)
+    varying = small.features[train].std(axis=0) > 0
+    assert np.allclose(x.mean(axis=0), 0.0, atol=1e-4)
+    assert np.allclose(x.std(axis=0)[varying], 1.0, atol=1e-3)
+    mean, std = small.features[train].mean(axis=0), small.features[train].std(axis=0)
+    expected = (small.features[test] - mean) / np.where(varying, std, 1.0)
+    assert np.allclose(data.x_test.numpy(), expected, atol=1e-4)
+
+
+def test_the_split_follows_its_seed(small) -> None:
+    same = [split_by_video(small, seed=3) for _ in range(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(*same))
+    tests = {seed: split_by_video(small, seed=seed)[1] for seed in (1, 2, 3)}
+    assert not np.array_equal(tests[1], tests[2]) and not np.array_equal(tests[2], tests[3])
+    # The dataset is split with the seed it is given.
+    assert len(to_device(small, seed=1).y_test) == int(tests[1].sum())
+    assert not torch.equal(to_device(small, seed=1).x_train[:50], to_device(small, seed=2).x_train[:50])
 
 
 def test_csv_round_trip_loads_the_same_frames(small, tmp_path) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
+from scipy.stats import mannwhitneyu
 
 from bench.plugin.budgets import Budget
 from bench.plugin.budgets import Budgets
@@ -12,6 +14,7 @@ from bench.plugin.compare import DEFAULT_UNKNOWN_NOISE_PCT
 from bench.plugin.compare import check_time
 from bench.plugin.compare import estimate_noise
 from bench.plugin.compare import load_history
+from bench.plugin.compare import same_measurement
 from bench.plugin.compare import time_limit
 
 GATE = Budget(time_slower_pct=10, time_noise_k=3, time_noise_unknown_pct=25, time_alpha=0.01)
@@ -100,6 +103,51 @@ def test_a_run_slow_throughout_within_noise_passes_even_when_every_epoch_is_slow
 def test_throttled_runs_are_not_judged() -> None:
     slow = record(2.0) | {"throttled": True}
     assert check_time(Budget(time_slower_pct=10), slow, record(1.0)) == []
+
+
+def test_a_p_value_between_half_alpha_and_alpha_fails_the_case() -> None:
+    # Four steady epochs each, every one slower: the exact one-sided p is 1/70 = 0.014.
+    now = {"epoch_seconds_by_round": [[10.0, 1.30, 1.31, 1.32, 1.33]], "throttled": False}
+    then = {"epoch_seconds_by_round": [[10.0, 1.00, 1.01, 1.02, 1.03]], "throttled": False}
+    alpha = 0.02
+    p = mannwhitneyu([1.30, 1.31, 1.32, 1.33], [1.00, 1.01, 1.02, 1.03], alternative="greater").pvalue
+    assert alpha / 2 < p < alpha
+    budget = Budget(time_slower_pct=10, time_noise_k=3, time_noise_unknown_pct=20, time_alpha=alpha)
+    (failure,) = check_time(budget, now, then)  # +30% against an assumed 20%: the test decides
+    assert f"< {alpha:g}" in failure.detail
+    assert check_time(replace(budget, time_alpha=alpha / 2), now, then) == []
+
+
+def test_the_budgets_noise_k_sets_the_limit() -> None:
+    # Run medians e^-0.05, 1, e^0.05: a run-to-run spread of exactly 5%.
+    spread = history(math.exp(-0.05), 1.0, math.exp(0.05))
+    base = spread[1]
+    one, three = (Budget(time_slower_pct=2, time_noise_k=k, time_alpha=0.01) for k in (1, 3))
+    assert time_limit(one, estimate_noise(spread))[0] == pytest.approx(0.05)
+    assert time_limit(three, estimate_noise(spread))[0] == pytest.approx(0.15)
+    # +10%: beyond one spread, inside three.
+    assert check_time(one, record(1.10), base, history=spread)
+    assert check_time(three, record(1.10), base, history=spread) == []
+
+
+def test_a_bf16_run_is_not_history_of_an_fp32_baseline(tmp_path) -> None:
+    import json
+
+    def run(when: str, precision: str) -> dict:
+        settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "loop": "graph", "impl": "torch",
+                    "optimizer_impl": "torch", "precision": precision, "plant": None}  # fmt: skip
+        return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
+                "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}  # fmt: skip
+
+    fp32, bf16 = run("2026-01-01", "fp32"), run("2026-01-02", "bf16")
+    settings = fp32["machine_info"]["loadbench"]["settings"]
+    assert not same_measurement("H100", settings, "H100", bf16["machine_info"]["loadbench"]["settings"])
+    (tmp_path / "fp32.json").write_text(json.dumps(fp32))
+    (tmp_path / "bf16.json").write_text(json.dumps(bf16))
+    baseline = run("2026-06-01", "fp32")
+    (tmp_path / "base.json").write_text(json.dumps(baseline))
+    found = load_history(tmp_path / "base.json", baseline, sorted(tmp_path.glob("*.json")))
+    assert [r["datetime"] for r in found] == ["2026-01-01", "2026-06-01"]
 
 
 def test_history_keeps_only_runs_comparable_to_the_baseline(tmp_path) -> None:

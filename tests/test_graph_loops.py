@@ -2,13 +2,16 @@
 
 `graph` and `step-graph` replay the fast loop's steps from CUDA graphs
 (model/graph_loop.py), so on a GPU they must give the fast loop's losses and weights.
-Only the last test runs on a CPU: it checks the fast loop's own batch order.
+The CPU tests check the fast loop's own batch order, that every loop trains on every
+frame once per epoch, and GraphEpoch's batching with its graphs replayed on the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -162,3 +165,84 @@ def test_fast_loop_trains_each_epoch_in_a_new_order(monkeypatch) -> None:
         seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
         assert torch.equal(seen, data.x_train[perm]), f"epoch {epoch} did not train in the order it drew"
     assert not torch.equal(drawn[1], drawn[0])
+
+
+@pytest.mark.parametrize("loop", ["reference", "fast", "step-graph", "graph"])
+def test_every_loop_trains_on_every_frame_once_per_epoch(loop) -> None:
+    data = load_dataset("synthetic", scale=0.05)
+    trainer = Trainer(config(data, loop=loop, epochs=1, width=16), data)
+    assert len(data.y_train) % trainer.config.batch_size  # a last partial batch
+    rows: list[int] = []
+    trainer.model.register_forward_hook(lambda module, args, out: rows.append(len(args[0])))
+    trainer.fit()
+    assert sum(rows) == len(data.y_train)
+    assert rows[-1] == len(data.y_train) % trainer.config.batch_size
+
+
+class _CpuGraph:
+    """A CUDA graph stand-in: capture records GraphEpoch's steps, replay runs them again
+    on the index buffers as they are then, which is what a real replay reads."""
+
+    def __init__(self) -> None:
+        self.steps: list[functools.partial] = []
+
+    def replay(self) -> None:
+        for step in self.steps:
+            step()
+
+    def pool(self) -> None:
+        return None
+
+
+class _CpuStream:
+    def __init__(self, *_: object) -> None:
+        pass
+
+    def wait_stream(self, _: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("whole_epoch", [False, True], ids=["step-graph", "graph"])
+def test_graph_epoch_batches_cover_every_frame_once_with_the_partial_batch(monkeypatch, whole_epoch) -> None:
+    capturing: list[_CpuGraph] = []
+    real_step_at = GraphEpoch._step_at
+
+    def step_at(self: GraphEpoch, index: torch.Tensor) -> None:
+        if capturing:  # recorded, not run: as a capture records kernels
+            capturing[-1].steps.append(functools.partial(real_step_at, self, index))
+        else:
+            real_step_at(self, index)
+
+    @contextlib.contextmanager
+    def graph(g: _CpuGraph, pool: object = None, capture_error_mode: str = "global") -> Iterator[None]:
+        capturing.append(g)
+        try:
+            yield
+        finally:
+            capturing.pop()
+
+    monkeypatch.setattr(GraphEpoch, "_step_at", step_at)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _CpuGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "Stream", _CpuStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda _: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", _CpuStream)
+
+    n, batch = 10, 4  # batches of 4, 4 and 2
+    seen: list[torch.Tensor] = []
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        seen.append(x[:, 0].long().clone())
+        return x[:, 0].mean()
+
+    model = torch.nn.Linear(1, 1)
+    epoch = GraphEpoch(step, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                       torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.zeros(n, dtype=torch.long),
+                       batch, torch.Generator().manual_seed(0), whole_epoch)  # fmt: skip
+    loss = epoch()  # warm-up, capture and the first epoch's replay
+    assert loss == pytest.approx(sum(range(n)) / n)  # every frame's loss, divided by all frames
+    for _ in range(2):
+        seen.clear()
+        epoch()
+        assert [len(b) for b in seen] == [4, 4, 2]
+        assert torch.equal(torch.cat(seen), epoch.perm)  # the epoch's order, each frame once

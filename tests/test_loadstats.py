@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from bench.monitor.loadstats import summarize
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import LoadMonitor
 
@@ -31,6 +32,20 @@ def test_a_window_keeps_only_its_samples_and_takes_energy_from_their_power() -> 
     assert window["energy_j"] == pytest.approx(1200.0) and window["energy_per_epoch_j"] == pytest.approx(600.0)
     assert window["fields"]["cpu_process"]["max"] == 8.0
     assert window["monitor_busy_fraction"] == pytest.approx(0.05)  # 0.5 s of 10 s, scaled to the window
+
+
+def _summary(samples: list[dict]) -> dict:
+    return summarize(samples, gpu=None, energy_j=None, epochs=1, elapsed=1.0, busy_seconds=0.0, period=0.1,
+                     unavailable={})  # fmt: skip
+
+
+def test_a_missing_gpu_busy_reading_is_none_never_zero() -> None:
+    unread = _summary([{"t": 0.0, "gpu_util": None, "cpu_process": 5.0}, {"t": 0.1, "cpu_process": 5.0}])
+    assert unread["fields"]["gpu_util"] is None and unread["normalized"]["gpu_busy"] is None
+    # Readings missing from some samples are left out of the mean, not counted as idle.
+    partly = _summary([{"t": 0.0, "gpu_util": None}, {"t": 0.1, "gpu_util": 80.0}, {"t": 0.2, "gpu_util": 60.0}])
+    assert partly["fields"]["gpu_util"] == {"mean": 70.0, "p95": pytest.approx(79.0), "max": 80.0}
+    assert partly["normalized"]["gpu_busy"] == pytest.approx(0.7)
 
 
 def test_a_window_without_power_readings_has_no_energy() -> None:

@@ -20,7 +20,7 @@ from optuna.trial import TrialState  # noqa: E402
 from bench.search.cli import main
 from bench.search.objective import ENERGY, LATENCY, real_evaluator
 from bench.search.space import Space, SpaceError, load_space, preset_params
-from bench.search.results import compare, verdict
+from bench.search.results import compare, dominates, verdict
 from bench.search.study import SearchSettings, answered, run_search
 from model.compress import VARIANTS, Compression, Unsupported
 from model.config import TrainConfig
@@ -272,6 +272,34 @@ def test_an_accuracy_drop_over_the_limit_is_infeasible_and_off_the_front(tmp_pat
     assert not any(r["on_front"] or r["feasible"] for r in over)
     study = stored(tmp_path)
     assert all(t.user_attrs["drop"] <= 0.01 for t in study.best_trials)
+
+
+def test_a_variant_more_accurate_than_fp32_beyond_the_limit_is_feasible(tmp_path, capsys) -> None:
+    # The limit bounds a loss of accuracy; a gain of any size is feasible.
+    def fake(config: TrainConfig, c: Compression) -> dict[str, Any]:
+        drop = -0.05 if c.weights == "bf16" else 0.0
+        return record(20e-6 * SPEED[c.weights], 1e-4 * SPEED[c.weights], 0.75 - drop, drop)
+
+    space = tmp_path / "two.toml"
+    space.write_text('weights = ["fp32", "bf16"]\nsparsity = ["dense"]\n')
+    assert search(tmp_path, "--trials", "2", "--space", str(space), "--max-accuracy-drop", "0.01", fake=fake) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "(preset bf16)" in line]
+    assert "drop -0.0500 feasible" in line
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    (bf16,) = [r for r in summary["trials"] if r["preset"] == "bf16"]
+    assert bf16["accuracy_drop"] == pytest.approx(-0.05) and bf16["feasible"] and bf16["on_front"]
+    assert "bf16" not in summary["comparison"]["infeasible_presets"]
+    assert [t.user_attrs["preset"] for t in stored(tmp_path).best_trials] == ["bf16"]  # it dominates fp32
+
+
+def test_a_point_better_on_one_objective_and_worse_on_another_does_not_dominate() -> None:
+    fast, frugal = {"p99_latency_s": 1.0, "energy_j_per_1k": 3.0}, {"p99_latency_s": 2.0, "energy_j_per_1k": 2.0}
+    assert not dominates(fast, frugal) and not dominates(frugal, fast)
+    assert not dominates(fast, fast)  # no better anywhere
+    assert dominates(fast, {"p99_latency_s": 1.0, "energy_j_per_1k": 4.0})  # no worse in all, better in one
+    rows = [_row(0, "fp32", 2.0, 2.0, True), _row(1, None, 1.0, 3.0, True), _row(2, "bf16", 1.5, 3.5, False)]
+    dominated = compare(rows, ["p99_latency_s", "energy_j_per_1k"])["presets_dominated_by"]
+    assert dominated == {"fp32": None, "bf16": 1}
 
 
 def test_a_tighter_limit_moves_trials_off_the_front(tmp_path, tiny) -> None:
