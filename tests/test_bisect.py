@@ -15,25 +15,12 @@ import pytest
 
 from bench.tools.bisect import main as bisect_main
 
-# The temp repo's conftest: each epoch "takes" exactly delay.EPOCH_SECONDS. The trainer
-# reads its clock once before and once after an epoch, so a clock that advances by that
-# much per read makes every epoch that long, whatever the machine is doing.
-CONFTEST = """\
-import itertools
-
-import pytest
-
-import delay
-from model.train import Trainer
-
-pytest_plugins = ["bench.plugin"]
-
-
-@pytest.fixture(autouse=True)
-def planted_clock(monkeypatch):
-    ticks = itertools.count()
-    monkeypatch.setattr(Trainer, "clock", staticmethod(lambda: next(ticks) * delay.EPOCH_SECONDS))
-"""
+# The temp repo's timer: each epoch "takes" exactly EPOCH_SECONDS of the commit.
+# pytest-benchmark (--benchmark-timer=delay.clock) reads it once before and once after an
+# epoch, so a clock that advances by that much per read makes every timed epoch that long,
+# whatever the machine is doing.
+CONFTEST = 'pytest_plugins = ["bench.plugin"]\n'
+DELAY = "import itertools\n\nEPOCH_SECONDS = {seconds}\n_ticks = itertools.count()\n\n\ndef clock():\n    return next(_ticks) * EPOCH_SECONDS\n"
 
 CASE = "from bench.cases import Case\n\ndef test_units(loadbench):\n    loadbench.run(Case('units', 128), width=16)\n"
 
@@ -56,7 +43,7 @@ def make_repo(tmp_path: Path, epoch_seconds: list[float]) -> tuple[Path, list[st
     git(repo, "config", "user.name", "t")
     commits = []
     for i, seconds in enumerate(epoch_seconds):
-        (repo / "delay.py").write_text(f"EPOCH_SECONDS = {seconds}\n")
+        (repo / "delay.py").write_text(DELAY.format(seconds=seconds))
         (repo / "notes.txt").write_text(f"change {i}\n")
         slow = i > 0 and seconds > epoch_seconds[i - 1]
         git(repo, "add", "-A")
@@ -72,7 +59,7 @@ def git(repo: Path, *args: str) -> str:
 def run_bisect(repo: Path, good: str, bad: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bench.tools.bisect", good, bad, "-k", "test_units", "--path", "perf/",
-         "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}",
+         "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}", "--benchmark-timer=delay.clock",
          "--dataset=" + str(_tiny_csv(tmp_path))],
         cwd=repo, capture_output=True, text=True,
     )  # fmt: skip

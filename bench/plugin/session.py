@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from bench.plugin import benchmark_options
+from bench.plugin.benchmark_options import check as check_benchmark_options
+from bench.plugin.benchmark_options import check_compare_fail
 from bench.plugin.budgets import Budgets
 from bench.plugin.budgets import BudgetError
 from bench.monitor.sampler import GpuProbe
@@ -58,7 +59,7 @@ class LoadBenchSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.options = Options.from_config(config)
-        benchmark_options.check(config, timed_epochs=self.options.epochs - 1)
+        check_benchmark_options(config, timed_epochs=self.options.epochs - 1)
         try:
             self.budgets = Budgets.load(self.options.budgets)
         except BudgetError as exc:
@@ -266,7 +267,7 @@ class LoadBenchSession:
             for baseline in self.baselines:
                 if str(baseline.path) == str(run.get("datetime", "baseline")):
                     baseline.history = history
-        benchmark_options.check_compare_fail(self.config, self.baselines)
+        check_compare_fail(self.config, self.baselines)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
