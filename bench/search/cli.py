@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from bench.search.study import run_search
 from bench.search.results import summarise
 from bench.search.results import verdict
 from bench.search.results import write_outputs
+from kernels import env as loadbench_env
 from model.compress import VARIANTS
 from model.config import IMPLS
 from model.config import TrainConfig
@@ -108,7 +108,7 @@ def resolve_device(value: str) -> torch.device:
 def default_cache_dir() -> Path:
     """Where `pytest bench/test_inference.py` keeps trained models by default, so the
     search reuses them: $LOADBENCH_MODEL_CACHE, else .benchmarks/trained-models."""
-    return Path(os.environ.get("LOADBENCH_MODEL_CACHE") or Path(".benchmarks") / "trained-models")
+    return Path(loadbench_env.read("LOADBENCH_MODEL_CACHE") or Path(".benchmarks") / "trained-models")
 
 
 def gpu_model(device: torch.device) -> str:
