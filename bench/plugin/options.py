@@ -178,9 +178,7 @@ class Options:
             raise pytest.UsageError(f"--dataset {dataset}: is a directory, not a CSV file")
         if dataset != "synthetic" and not Path(dataset).is_file():
             raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
-        series = config.getoption("series_dir")
-        if series and Path(series).exists() and not Path(series).is_dir():
-            raise pytest.UsageError(f"--series-dir {series}: is a file; give a directory for the sample series")
+        series = config.getoption("series_dir")  # checked, and made, at start-up (bench/plugin/startup.py)
         try:
             from kernels.linear_act import STRICT_FP32
         except ValueError as exc:  # a bad LOADBENCH_STRICT_FP32
