@@ -19,7 +19,7 @@ def directory_problem(path: Path) -> str | None:
     (made, with its parents, when missing, and written to)."""
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
-            return "is a file, not a directory" if part == path else f"{part} is a file, not a directory"
+            return "is a file; give a directory" if part == path else f"{part} is a file, not a directory"
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
