@@ -20,7 +20,6 @@ through the fused kernel) is skipped with the reason.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from bench.plugin.compare import estimate_noise
 from bench.plugin.compare import latency_rounds
 from bench.plugin.verdict import decide
 from bench.plugin.fixture import LoadBench
+from kernels import env as loadbench_env
 from model.compress import VARIANTS
 from model.compress import Unsupported
 from model.compress import unsupported_reason
@@ -88,8 +88,8 @@ def model_cache_dir(config: pytest.Config) -> Path:
     """$LOADBENCH_MODEL_CACHE, else `trained-models/` inside the benchmark storage when the
     run is stored, else a folder of this session's own (a run that stores nothing writes
     nothing into the checkout)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+    if loadbench_env.read(CACHE_ENV):
+        return Path(loadbench_env.read(CACHE_ENV))
     session = get_session(config)
     if session is not None and not session.saving:
         return session.scratch("trained-models")

@@ -46,6 +46,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from typing import Callable
 
+from kernels import env
+
 _POOL: _Workers | None = None
 _LOCK = threading.Lock()
 
@@ -238,12 +240,7 @@ def processes_for(requested: int | None) -> int:
     core up to 16; 0 (threads only) on a machine of fewer than four cores or without
     os.fork."""
     if requested is None:
-        env = os.environ.get("LOADBENCH_COMPILE_PROCESSES")
-        if env not in (None, ""):
-            try:
-                requested = int(env)
-            except ValueError:
-                raise ValueError(f"LOADBENCH_COMPILE_PROCESSES={env!r}: expected a whole number of processes") from None
+        requested = env.read("LOADBENCH_COMPILE_PROCESSES")
     cores = os.cpu_count() or 1
     if not hasattr(os, "fork"):
         return 0

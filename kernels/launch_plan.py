@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from kernels import env
+
 # The kernels' ACTIVATION codes (kernels/linear_act.py).
 ACTIVATIONS = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
 SILU = ACTIVATIONS["silu"]
@@ -260,16 +262,12 @@ def gemv_candidates(rows: int, reduction: int) -> list[LaunchConfig]:
             out.append(cfg)
     return out
 
-STRICT_FP32_CHOICES = ("ieee", "tf32x3")
+STRICT_FP32_CHOICES = env.STRICT_FP32_CHOICES
 
 
 def strict_fp32_from_env(value: str | None) -> str:
     """How 'highest' fp32 runs, from LOADBENCH_STRICT_FP32 (unset: 'tf32x3')."""
-    if value in (None, ""):
-        return "tf32x3"
-    if value not in STRICT_FP32_CHOICES:
-        raise ValueError(f"LOADBENCH_STRICT_FP32={value!r}: use one of {', '.join(STRICT_FP32_CHOICES)}")
-    return value
+    return env.parse("LOADBENCH_STRICT_FP32", value)
 
 
 STRICT_FP32 = strict_fp32_from_env(os.environ.get("LOADBENCH_STRICT_FP32"))

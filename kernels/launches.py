@@ -59,6 +59,7 @@ from typing import Any
 import torch
 import triton
 
+from kernels import env
 from kernels import tuning_cache
 from kernels.launch_plan import ACTIVATIONS
 from kernels.launch_plan import CUBLAS
@@ -156,7 +157,7 @@ class _Launches:
         prepare: Prepare | None = None,
         host_call_ms: float | None = None,
     ) -> None:
-        self.mode = tuning_cache.tune_mode_from_env(os.environ.get("LOADBENCH_TUNE") if mode is None else mode)
+        self.mode = env.read("LOADBENCH_TUNE") if mode is None else tuning_cache.tune_mode_from_env(mode)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else tuning_cache.cache_dir()
         self._table_file = tables  # None: TABLE_PATH, read on first need
         self._tables: dict[str, dict[str, LaunchConfig]] = {}
@@ -663,7 +664,7 @@ def time_launch(
 # forked worker processes where the machine has the cores (kernels/compile_pool.py;
 # LOADBENCH_COMPILE_PROCESSES, 0 for threads only), these threads loading what the
 # workers compiled. Bounded so tuning does not swamp a shared host.
-COMPILE_THREADS = int(os.environ.get("LOADBENCH_TUNE_THREADS") or 8)
+COMPILE_THREADS = env.read("LOADBENCH_TUNE_THREADS")
 
 
 def precompile(

@@ -65,6 +65,7 @@ import triton
 import triton.language as tl
 
 from kernels import direct_launch
+from kernels import env
 from kernels.linear_act import LEAKY_SLOPE
 from kernels.linear_act import _activation
 from kernels.launch_plan import cdiv
@@ -82,11 +83,7 @@ INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
 def enabled_from_env(value: str | None) -> bool:
     """LOADBENCH_FUSED_FORWARD: '1' (the default) or '0' (layer by layer, to compare)."""
-    if value in (None, "", "1"):
-        return True
-    if value == "0":
-        return False
-    raise ValueError(f"LOADBENCH_FUSED_FORWARD={value!r}: use 1 (one launch for a few-row forward) or 0 (layer by layer)")
+    return env.parse("LOADBENCH_FUSED_FORWARD", value) == "1"
 
 
 ENABLED = enabled_from_env(os.environ.get("LOADBENCH_FUSED_FORWARD"))

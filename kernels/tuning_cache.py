@@ -47,28 +47,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kernels import env as loadbench_env
+
 FORMAT = 1
 FILE_NAME = "launch-cache.json"
 APP_DIR = "mlp-loadbench"
 
-TUNE_MODES = ("off", "cache", "always")
+TUNE_MODES = loadbench_env.TUNE_MODES
 
 
 def tune_mode_from_env(value: str | None) -> str:
     """The LOADBENCH_TUNE policy; unset or empty means 'cache'."""
-    if value in (None, ""):
-        return "cache"
-    if value not in TUNE_MODES:
-        raise ValueError(f"LOADBENCH_TUNE={value!r}: use one of {', '.join(TUNE_MODES)}")
-    return value
+    return loadbench_env.parse("LOADBENCH_TUNE", value)
 
 
 def cache_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
     """LOADBENCH_CACHE_DIR, else this user's platform cache directory + 'mlp-loadbench'."""
     env = os.environ if env is None else env
     platform = sys.platform if platform is None else platform
-    if env.get("LOADBENCH_CACHE_DIR"):
-        return Path(env["LOADBENCH_CACHE_DIR"]).expanduser()
+    if loadbench_env.read("LOADBENCH_CACHE_DIR", env):
+        return Path(loadbench_env.read("LOADBENCH_CACHE_DIR", env).strip()).expanduser()
     home = Path(env.get("HOME") or Path.home())
     if platform == "darwin":
         root = home / "Library" / "Caches"

@@ -63,6 +63,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile
 
+from kernels import env as loadbench_env
 from model.config import TrainConfig
 from model.data import Dataset
 from model.data import load_dataset
@@ -333,7 +334,7 @@ def _torchrun_bound_to_parent(argv: list[str]) -> None:
     pytest leaves the ranks training on the GPUs, under the next job's timings."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-        if os.environ.get(PARENT_ENV) and os.getppid() != int(os.environ[PARENT_ENV]):
+        if loadbench_env.read(PARENT_ENV) and os.getppid() != loadbench_env.read(PARENT_ENV):
             sys.exit("model.distributed: the launching process ended before torchrun started")
     from torch.distributed.run import main as torchrun
 
@@ -355,8 +356,8 @@ def main() -> None:
     args = parser.parse_args()
     config = TrainConfig(**json.loads(args.config))
     rank = os.environ.get("RANK", "0")
-    if os.environ.get(STACKS_ENV):
-        faulthandler.dump_traceback_later(float(os.environ[STACKS_ENV]), repeat=True)
+    if loadbench_env.read(STACKS_ENV):
+        faulthandler.dump_traceback_later(loadbench_env.read(STACKS_ENV), repeat=True)
     failed = True
     try:
         dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))

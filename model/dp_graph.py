@@ -49,7 +49,6 @@ rank print its threads' stacks every N seconds so the timeout's error says where
 from __future__ import annotations
 
 import gc
-import math
 import os
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -59,6 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from kernels import env as loadbench_env
 from model.config import TrainConfig
 from model.data import Dataset
 from model.graph_loop import GraphEpoch
@@ -85,17 +85,12 @@ def resolve_loop(loop: str, backend: str, env: Mapping[str, str] | None = None) 
         raise ValueError(f"data-parallel flat loop: {loop!r} is not a graph loop ({', '.join(GRAPH_LOOPS)})")
     env = os.environ if env is None else env
     value = env.get(GRAPH_ENV, "").strip()
-    if value.lower() not in _ON | _OFF:
-        raise ValueError(f"{GRAPH_ENV}={value!r}: use 1 (replay from CUDA graphs, the default) or 0 (run eagerly)")
+    graphs = loadbench_env.parse(GRAPH_ENV, value)
     if backend != "nccl":
         return "fast", GLOO_EAGER_NOTE.format(loop=loop, backend=backend)
-    if value.lower() in _OFF:
+    if not graphs:
         return "fast", NCCL_EAGER_NOTE.format(loop=loop, value=value)
     return loop, None
-
-
-_ON = {"", "1", "true", "yes", "on"}
-_OFF = {"0", "false", "no", "off"}
 
 
 def bucket_cap_bytes(env: Mapping[str, str] | None = None) -> int:
@@ -103,19 +98,7 @@ def bucket_cap_bytes(env: Mapping[str, str] | None = None) -> int:
     environment by default; unset or empty: DEFAULT_BUCKET_MB). 0: one bucket, the whole
     buffer, all-reduced after the backward pass."""
     env = os.environ if env is None else env
-    value = env.get(BUCKET_ENV, "").strip()
-    if not value:
-        return int(DEFAULT_BUCKET_MB * 2**20)
-    try:
-        mib = float(value)
-    except ValueError:
-        mib = math.nan
-    if not (math.isfinite(mib) and mib >= 0):
-        raise ValueError(
-            f"{BUCKET_ENV}={value!r}: a bucket size in MiB, 0 or more "
-            "(0: one all-reduce of the whole gradient after the backward pass)"
-        )
-    return int(mib * 2**20)
+    return int(loadbench_env.read(BUCKET_ENV, env) * 2**20)
 
 
 Span = tuple[torch.nn.Parameter, int, int]  # a parameter's [start, stop) in the flat buffer

@@ -7,13 +7,16 @@ Registered from the root conftest.py. The hooks that need session state live on
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.plugin import startup
 from bench.plugin.fixture import LoadBench
 from bench.plugin.options import add_options
 from bench.plugin.session import LoadBenchSession
+from kernels import env as loadbench_env
 
 PLUGIN_NAME = "loadbench"
 
@@ -24,10 +27,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    # Before pytest-benchmark's own pytest_configure, which loads the baseline and
-    # calls our pytest_benchmark_compare_machine_info.
+    # Before pytest-benchmark's own pytest_configure, which loads the baseline (raising
+    # on a path it cannot read) and calls our pytest_benchmark_compare_machine_info.
+    check_start(config)
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(LoadBenchSession(config), PLUGIN_NAME)
+
+
+def check_start(config: pytest.Config) -> None:
+    """Refuse, in one line, a bad LOADBENCH_* variable, a baseline path that names no
+    file, or an output folder that cannot be written, before anything trains."""
+    problem = loadbench_env.validate_all()
+    compare = config.getoption("benchmark_compare", None)
+    if compare is not None:
+        config.option.benchmark_compare = compare = startup.compare_path(compare)
+        problem = problem or startup.compare_problem(compare, config.getoption("benchmark_storage", ""))
+    folders = [(f"--series-dir {config.getoption('series_dir')}", config.getoption("series_dir"))]
+    folders += [(f"{name}={loadbench_env.read(name)}", loadbench_env.read(name)) for name in loadbench_env.PATH_VARIABLES]
+    for where, folder in folders:
+        if problem is None and folder:
+            trouble = startup.directory_problem(Path(folder).expanduser())
+            problem = trouble and f"{where}: {trouble}"
+    if problem:
+        raise pytest.UsageError(problem)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -152,6 +152,8 @@ class Budgets:
     @classmethod
     def load(cls, path: str | Path) -> Budgets:
         path = Path(path)
+        if path.is_dir():
+            raise BudgetError(f"{path}: is a directory; give the budgets TOML file")
         if not path.is_file():
             raise BudgetError(f"{path}: budgets file not found")
         try:

@@ -67,6 +67,7 @@ class Plant:
 
     fraction: float  # 0.05: each epoch takes 5% longer
     mode: str  # 'host': the host sleeps; 'gpu': the device spins
+    note: str | None = None  # why the mode that runs is not the one asked for
 
     def __str__(self) -> str:
         return f"{100 * self.fraction:g}%:{self.mode}"
@@ -83,6 +84,15 @@ def parse_plant(value: str) -> Plant:
     if mode not in ("host", "gpu") or not 0 < fraction <= 10:
         raise argparse.ArgumentTypeError(f"{value!r}: use a percentage in (0, 1000] and mode host or gpu")
     return Plant(fraction, mode)
+
+
+def plant_on(plant: Plant | None, device: torch.device) -> Plant | None:
+    """The slowdown that runs on `device`: a GPU spin needs a CUDA device, so elsewhere
+    the host sleeps instead, and the plant says so (the run records what ran)."""
+    if plant is None or plant.mode != "gpu" or device.type == "cuda":
+        return plant
+    note = f"--plant-slowdown {plant}: no GPU to spin on {device}, so the host sleeps instead (recorded as host)"
+    return Plant(plant.fraction, "host", note)
 
 
 def parse_positive_int(value: str) -> int:
@@ -178,9 +188,7 @@ class Options:
             raise pytest.UsageError(f"--dataset {dataset}: is a directory, not a CSV file")
         if dataset != "synthetic" and not Path(dataset).is_file():
             raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
-        series = config.getoption("series_dir")
-        if series and Path(series).exists() and not Path(series).is_dir():
-            raise pytest.UsageError(f"--series-dir {series}: is a file; give a directory for the sample series")
+        series = config.getoption("series_dir")  # checked, and made, at start-up (bench/plugin/startup.py)
         try:
             from kernels.linear_act import STRICT_FP32
         except ValueError as exc:  # a bad LOADBENCH_STRICT_FP32
@@ -199,7 +207,7 @@ class Options:
             series_dir=Path(series) if series else None,
             epochs=config.getoption("epochs") or profile.epochs,
             strict_fp32=STRICT_FP32,
-            plant=config.getoption("plant_slowdown"),
+            plant=plant_on(config.getoption("plant_slowdown"), device),
             trace=config.getoption("kernel_trace"),
             cold_caches=config.getoption("cold_caches"),
             latency_pin=config.getoption("latency_pin") == "on",
@@ -221,6 +229,8 @@ class Options:
             line += f", strict fp32 kernel {self.strict_fp32}"
         if self.plant is not None:
             line += f"\nmlp-loadbench: PLANTED SLOWDOWN {self.plant} in every timed epoch (--plant-slowdown)"
+            if self.plant.note:
+                line += f"; {self.plant.note}"
         if self.impl == "triton" and self.device.type == "cpu":
             line += (
                 "\nmlp-loadbench: --impl triton on a CPU runs Triton's interpreter, about 20 s per "

@@ -121,6 +121,7 @@ class LoadBenchSession:
             "shard": f"{shard[0]}/{shard[1]}" if shard else None,
             "shard_durations": self.config.getoption("shard_durations") if shard else None,
             "plant": str(o.plant) if o.plant else None,
+            **({"plant_note": o.plant.note} if o.plant and o.plant.note else {}),
             "latency_pin": o.latency_pin,
             "tier": o.tier,
             "kernel_caches": self.caches.state,

@@ -38,6 +38,7 @@ from bench.plugin.compare import read_run
 from bench.plugin.compare import setting
 from bench.plugin.verdict import Verdict
 from bench.tools.runs import find_run_files
+from kernels import env as loadbench_env
 
 MODES = {  # mode: (tier, whether the run is stored as main's newest)
     "pr": ("pr", False),
@@ -296,7 +297,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("mode", choices=sorted(MODES),
                         help="pr: the pull-request tier gated against main; main: the same, stored as main's "
                              "newest run; nightly: the nightly tier (every case), stored")  # fmt: skip
-    parser.add_argument("--storage", type=Path, default=Path(os.environ.get("LOADBENCH_STORAGE", ".benchmarks/main")),
+    parser.add_argument("--storage", type=Path, default=Path(loadbench_env.read("LOADBENCH_STORAGE") or ".benchmarks/main"),
                         help="main's stored runs on this runner (pytest-benchmark storage). Default: "
                              "$LOADBENCH_STORAGE or .benchmarks/main")  # fmt: skip
     parser.add_argument("--data-repo", default=None, metavar="URL",

@@ -47,6 +47,7 @@ from bench.plugin.compare import read_run
 from bench.tools.report import ReportError
 from bench.tools.report import build_report
 from bench.tools.runs import load_runs
+from kernels import env as loadbench_env
 from model.files import write_atomic
 
 DEFAULT_BRANCH = "bench-data"
@@ -70,7 +71,7 @@ class DataBranchError(Exception):
 def git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run git (never raising on its exit status) with our identity; with `cwd`, in our
     temporary clone, whatever repository the caller's environment names."""
-    settings = [f"{key}={os.environ.get(var) or default}" for key, (var, default) in IDENTITY.items()]
+    settings = [f"{key}={loadbench_env.read(var) or default}" for key, (var, default) in IDENTITY.items()]
     settings += ["commit.gpgsign=false", "advice.detachedHead=false"]  # a runner's global config may sign
     env = None if cwd is None else {k: v for k, v in os.environ.items() if k not in LOCATING}
     command = ["git", *(part for s in settings for part in ("-c", s)), *args]

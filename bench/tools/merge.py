@@ -92,8 +92,9 @@ def benchmark_order(bench: dict[str, Any]) -> tuple[object, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.merge", description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("shards", type=Path, nargs="+")
+    parser.add_argument("out", type=Path, help="the merged run file to write")
+    parser.add_argument("shards", type=Path, nargs="+", metavar="shard",
+                        help="the run files of the shards (pytest --shard I/N --benchmark-json ...), one per shard")
     args = parser.parse_args(argv)
     try:
         merged = merge_runs(args.shards)

@@ -1,0 +1,146 @@
+"""Bad input found at start-up: one line naming what and where, exit 4, no traceback,
+nothing trained or written first (bench/plugin/startup.py, kernels/env.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.plugin.options import Plant
+from bench.plugin.options import plant_on
+from bench.plugin.startup import compare_path
+from bench.plugin.startup import compare_problem
+from bench.plugin.startup import directory_problem
+from bench.search.cli import parser as search_parser
+from bench.tools.merge import main as merge_main
+from kernels import env
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+RUN_NAME = "Linux-CPython-3.11-64bit/0001_abc_20260101_000000.json"
+
+BAD = [  # (command-line arguments, environment, the one line after 'ERROR: ', a stored run present)
+    (["--benchmark-compare=missing/nope.json"], {},
+     "--benchmark-compare missing/nope.json: no such file (*missing/nope.json); the storage .benchmarks holds "
+     f"1 run(s), the newest {RUN_NAME} (give a run number or a file)", True),
+    (["--benchmark-compare=file://missing/nope.json"], {},
+     "--benchmark-compare file://missing/nope.json: no such file (*missing/nope.json), "
+     "and the storage .benchmarks holds no runs yet", False),
+    ([], {"LOADBENCH_TUNE": "bogus"}, "LOADBENCH_TUNE='bogus': use one of off, cache, always", False),
+    ([], {"LOADBENCH_TUNE_THREADS": "abc"}, "LOADBENCH_TUNE_THREADS='abc': a whole number, 1 or more", False),
+    ([], {"LOADBENCH_COMPILE_PROCESSES": "-1"},
+     "LOADBENCH_COMPILE_PROCESSES='-1': a whole number of processes, 0 or more (0: compile on threads only)", False),
+    ([], {"LOADBENCH_COMPILE_PROCESSES": "abc"}, "LOADBENCH_COMPILE_PROCESSES='abc': a whole number*", False),
+    ([], {"LOADBENCH_FUSED_FORWARD": "bogus"},
+     "LOADBENCH_FUSED_FORWARD='bogus': use 1 (one launch for a few-row forward) or 0 (layer by layer)", False),
+    ([], {"LOADBENCH_DP_BUCKET_MB": "abc"}, "LOADBENCH_DP_BUCKET_MB='abc': a bucket size in MiB, 0 or more*", False),
+    ([], {"LOADBENCH_DP_GRAPH": "maybe"}, "LOADBENCH_DP_GRAPH='maybe': use 1 (replay from CUDA graphs*", False),
+    ([], {"LOADBENCH_STRICT_FP32": "fast"}, "LOADBENCH_STRICT_FP32='fast': use one of ieee, tf32x3", False),
+    ([], {"LOADBENCH_TUEN": "off"}, "LOADBENCH_TUEN is not a variable mlp-loadbench reads (they are: LOADBENCH_TUNE, *)",
+     False),
+    ([], {"LOADBENCH_MODEL_CACHE": "a-file"}, "LOADBENCH_MODEL_CACHE=a-file: is a file; give a directory", False),
+    ([], {"LOADBENCH_CACHE_DIR": "a-file/sub"}, "LOADBENCH_CACHE_DIR=a-file/sub: a-file is a file, not a directory",
+     False),
+    (["--series-dir", "a-file"], {}, "--series-dir a-file: is a file; give a directory", False),
+    (["--series-dir", "a-file/sub"], {}, "--series-dir a-file/sub: a-file is a file, not a directory", False),
+    (["--budgets", "."], {}, ".: is a directory; give the budgets TOML file", False),
+]  # fmt: skip
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # This checkout's bench/ first, ahead of any installed copy of the project.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    pytester.makeconftest('pytest_plugins = ["bench.plugin"]\n')
+    pytester.makepyfile(test_case="def test_case():\n    pass\n")
+    (pytester.path / "a-file").write_text("in the way\n")
+    return pytester
+
+
+@pytest.mark.parametrize(("args", "environ", "line", "stored"), BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_input_is_one_line_and_a_usage_error(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+    args: list[str], environ: dict[str, str], line: str, stored: bool,
+) -> None:  # fmt: skip
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    if stored:
+        (suite.path / ".benchmarks" / RUN_NAME).parent.mkdir(parents=True)
+        shutil.copy(DATA / "inference-run.json", suite.path / ".benchmarks" / RUN_NAME)
+    result = suite.runpytest_subprocess("--collect-only", "-q", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    said = [text for text in result.stderr.lines if text.strip()]
+    assert len(said) == 1, said
+    result.stderr.fnmatch_lines([f"ERROR: {line}"])
+    assert "collected" not in result.stdout.str()
+
+
+def test_a_benchmark_json_folder_in_the_way_is_refused_by_its_parser(suite: pytest.Pytester) -> None:
+    """pytest-benchmark opens --benchmark-json while parsing the command line, before any hook runs."""
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--benchmark-json", "a-file/out.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["*--benchmark-json: can't open 'a-file/out.json'*Not a directory*"])
+
+
+def test_a_missing_series_folder_is_made_at_start_up(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--series-dir", "new/series")
+    assert result.ret == pytest.ExitCode.OK
+    assert (suite.path / "new" / "series").is_dir()
+
+
+def test_a_baseline_given_as_a_file_url_reads_as_its_path(tmp_path: Path) -> None:
+    run = tmp_path / "run.json"
+    run.write_text("{}")
+    assert compare_path(f"file://{run}") == str(run)
+    assert compare_path("file://nowhere.json") == "file://nowhere.json"
+    assert compare_path(True) is True
+
+
+def test_run_ids_and_globs_are_left_to_the_session(tmp_path: Path) -> None:
+    stored = tmp_path / RUN_NAME
+    stored.parent.mkdir(parents=True)
+    stored.write_text("{}")
+    assert compare_problem("0001", str(tmp_path)) is None  # an id the session's own check resolves
+    assert compare_problem("Linux-*/0001", f"file://{tmp_path}") is None
+    assert compare_problem(str(stored), str(tmp_path)) is None
+    assert compare_problem(True, str(tmp_path)) is None
+    assert compare_problem("a/b/c.json", str(tmp_path)).startswith("--benchmark-compare a/b/c.json: no such file")
+
+
+def test_a_folder_is_made_or_named_as_the_problem(tmp_path: Path) -> None:
+    assert directory_problem(tmp_path / "x" / "y") is None and (tmp_path / "x" / "y").is_dir()
+    (tmp_path / "f").write_text("")
+    assert directory_problem(tmp_path / "f") == "is a file; give a directory"
+    assert directory_problem(tmp_path / "f" / "sub") == f"{tmp_path / 'f'} is a file, not a directory"
+
+
+def test_valid_variables_read_as_before() -> None:
+    environ = {"LOADBENCH_TUNE": "always", "LOADBENCH_TUNE_THREADS": "4", "LOADBENCH_COMPILE_PROCESSES": "0",
+               "LOADBENCH_DP_GRAPH": " True ", "LOADBENCH_DP_BUCKET_MB": "0.5", "LOADBENCH_FUSED_FORWARD": "0"}  # fmt: skip
+    assert env.validate_all(environ) is None
+    assert [env.read(name, environ) for name in environ] == ["always", 4, 0, True, 0.5, "0"]
+    assert [env.read(name, {}) for name in environ] == ["cache", 8, None, True, 1.0, "1"]  # the defaults
+    assert {row[0] for row in env.table()} == set(env.BY_NAME)
+
+
+def test_a_gpu_plant_on_a_cpu_records_the_host_sleep_that_runs() -> None:
+    planted = plant_on(Plant(0.05, "gpu"), torch.device("cpu"))
+    assert (str(planted), planted.note is not None) == ("5%:host", True)
+    assert "host sleeps instead" in planted.note
+    assert plant_on(Plant(0.05, "gpu"), torch.device("cuda")) == Plant(0.05, "gpu")
+    assert plant_on(None, torch.device("cpu")) is None
+
+
+def test_the_search_and_merge_commands_describe_themselves(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "Command line of" not in search_parser().description
+    assert "Pareto front" in search_parser().description
+    with pytest.raises(SystemExit):
+        merge_main(["--help"])
+    shown = capsys.readouterr().out
+    assert "the merged run file to write" in shown and "the run files of the shards" in shown
