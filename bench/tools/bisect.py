@@ -6,23 +6,37 @@ Runs the case at GOOD to make the baseline and checks that it fails at BAD again
 that baseline (otherwise there is nothing to bisect), then drives ``git bisect run``
 with a step that runs the case against the baseline (``--benchmark-compare``): a step whose
 pytest passes is good, one whose test fails (budget or baseline gate) is bad, and one
-that cannot run (collection or usage error) is skipped. Prints the first bad commit
-and leaves the repository as it found it (``git bisect reset``).
+where the suite cannot run (usage, internal or collection error, no test selected) is
+skipped. Prints the first bad commit and the skipped ones, and leaves the repository as it
+found it (``git bisect reset``).
 
-git bisect does the search; this module only supplies the step and the baseline.
+The step is bench/tools/bisect_step.py, copied out of the repository before the first
+checkout: its logic is this tool's at every commit, the code it tests is the commit's
+(REPO first on PYTHONPATH). git bisect does the search; this module only supplies the step
+and the baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-GOOD, BAD, SKIP = 0, 1, 125  # git bisect run's exit codes
+from bench.tools import bisect_step
+from bench.tools.bisect_step import GOOD
+from bench.tools.bisect_step import SKIP
+from bench.tools.bisect_step import absolute_pythonpath
+from bench.tools.bisect_step import run_pytest
+
+STEP_SCRIPT = "loadbench_bisect_step.py"  # the step's copy in the temporary folder
 
 
 EPILOG = """\
@@ -37,47 +51,75 @@ class BisectError(Exception):
     """The bisection cannot start; the message says why."""
 
 
-def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+@dataclass(frozen=True)
+class Found:
+    """What a bisection found: the first bad commit and the commits it skipped."""
+
+    first_bad: str
+    skipped: tuple[str, ...]
+
+
+def git(
+    repo: Path, *args: str, check: bool = True, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run git in `repo`; BisectError with git's message when it fails and `check` is set."""
+    result = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env)
     if check and result.returncode != 0:
         raise BisectError(f"git {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
     return result
 
 
-def pytest_command(path: str, case: str, extra: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", path, "-k", case, "-p", "no:cacheprovider", "-q", *extra]
-
-
-def step(path: str, case: str, baseline: Path, extra: Sequence[str], cwd: Path | None = None) -> int:
-    """One bisection step in the checkout at `cwd` (default: here): 0 good, 1 bad, 125 skip."""
-    result = subprocess.run(pytest_command(path, case, [f"--benchmark-compare={baseline}", *extra]), cwd=cwd)
-    if result.returncode == 0:
-        return GOOD
-    if result.returncode == 1:  # tests ran and one failed its gate
-        return BAD
-    return SKIP
-
-
 def make_baseline(repo: Path, good: str, case: str, path: str, baseline: Path, extra: Sequence[str]) -> None:
     """Run the case at GOOD into `baseline`; it must pass there."""
     git(repo, "checkout", "-q", good)
-    made = subprocess.run(pytest_command(path, case, [f"--benchmark-json={baseline}", *extra]), cwd=repo)
-    if made.returncode != 0 or not baseline.is_file():
+    made = run_pytest(repo, path, case, [f"--benchmark-json={baseline}", *extra])
+    if made != 0 or not baseline.is_file():
         raise BisectError(f"the case {case!r} does not pass at GOOD ({good}); nothing to bisect against")
 
 
 def check_fails_at_bad(repo: Path, bad: str, case: str, path: str, baseline: Path, extra: Sequence[str]) -> None:
     """Run the step at BAD: git bisect would otherwise name a first bad commit that is not one."""
     git(repo, "checkout", "-q", bad)
-    verdict = step(path, case, baseline, extra, cwd=repo)
+    verdict = bisect_step.step(repo, path, case, baseline, extra)
     if verdict == GOOD:
         raise BisectError(f"the case passes at BAD ({bad}): nothing to bisect")
     if verdict == SKIP:
         raise BisectError(f"the case cannot run at BAD ({bad}): pytest stopped with a usage or collection error")
 
 
-def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequence[str]) -> str:
-    """The first bad commit's id."""
+def copy_step(folder: Path) -> Path:
+    """This tool's step script, copied into `folder`: the checkouts to come may change or
+    remove the repository's bench/tools/ (even this tool's own file when it bisects its own
+    repository)."""
+    return Path(shutil.copyfile(bisect_step.__file__, folder / STEP_SCRIPT))
+
+
+def skipped_commits(log: str) -> tuple[str, ...]:
+    """The commits `git bisect log` says were skipped, in the order they were."""
+    return tuple(dict.fromkeys(re.findall(r"^git bisect skip ([0-9a-f]{40})", log, re.MULTILINE)))
+
+
+def first_bad(output: str) -> str:
+    """The first bad commit in `git bisect run`'s output; BisectError when it names none."""
+    found = re.search(r"^([0-9a-f]{40}) is the first bad commit", output, re.MULTILINE)
+    if found is not None:
+        return found.group(1)
+    if "only 'skip'ped commits left to test" in output:
+        between = re.findall(r"^([0-9a-f]{40})$", output, re.MULTILINE)
+        raise BisectError(f"the first bad commit is one of {', '.join(c[:12] for c in between)}: "
+                          "the suite could not run at the others to tell")  # fmt: skip
+    raise BisectError(f"git bisect found no first bad commit:\n{output[-4000:]}")
+
+
+def toplevel(repo: Path) -> Path:
+    """The root of the work tree that holds `repo`; BisectError when it is not in one."""
+    return Path(git(repo, "rev-parse", "--show-toplevel").stdout.strip()).resolve()
+
+
+def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequence[str]) -> Found:
+    """Bisect the case between GOOD and BAD in the work tree at `repo`; the first bad commit
+    and the skipped ones. Leaves `repo` at the branch or commit it was on."""
+    repo = toplevel(repo)
     if git(repo, "status", "--porcelain", "--untracked-files=no").stdout.strip():
         raise BisectError(f"{repo}: uncommitted changes; commit or stash them before bisecting")
     for rev in (good, bad):
@@ -85,7 +127,10 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
     start = git(repo, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
     if start == "HEAD":
         start = git(repo, "rev-parse", "HEAD").stdout.strip()
+    # The step runs with cwd = the repository: a PYTHONPATH=. given here must still mean here.
+    env = absolute_pythonpath(os.environ, Path.cwd())
     with tempfile.TemporaryDirectory(prefix="loadbench-bisect-") as tmp:
+        step = copy_step(Path(tmp))  # before any checkout
         baseline = Path(tmp) / "good.json"
         try:
             make_baseline(repo, good, case, path, baseline, extra)
@@ -94,12 +139,10 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
             git(repo, "checkout", "-q", start)
         git(repo, "bisect", "start", bad, good)
         try:
-            run = git(repo, "bisect", "run", sys.executable, "-m", "bench.tools.bisect", "--step", "--baseline", str(baseline),
-                      "-k", case, "--path", path, "--", *extra, check=False)  # fmt: skip
-            found = re.search(r"^([0-9a-f]{40}) is the first bad commit", run.stdout, re.MULTILINE)
-            if found is None:
-                raise BisectError(f"git bisect found no first bad commit:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
-            return found.group(1)
+            run = git(repo, "bisect", "run", sys.executable, str(step), "--repo", str(repo), "--baseline", str(baseline),
+                      "-k", case, "--path", path, "--", *extra, check=False, env=env)  # fmt: skip
+            skipped = skipped_commits(git(repo, "bisect", "log", check=False).stdout)
+            return Found(first_bad(run.stdout + run.stderr), skipped)
         finally:
             git(repo, "bisect", "reset", check=False)
 
@@ -116,24 +159,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("bad", nargs="?", metavar="BAD", help="a commit where it fails")
     parser.add_argument("-k", dest="case", required=True, help="the case (a pytest -k expression)")
     parser.add_argument("--path", default="bench/", help="what pytest runs. Default: bench/")
-    parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository. Default: .")
-    parser.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--baseline", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--repo", type=Path, default=Path("."),
+                        help="the git repository whose code is bisected (pytest imports its bench/, model/, kernels/). "
+                             "Default: .")  # fmt: skip
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, pytest_args = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: for pytest
-    if args.step:
-        return step(args.path, args.case, args.baseline, pytest_args)
     if not args.good or not args.bad:
         parser.error("GOOD and BAD commits are required")
     try:
-        commit = bisect(args.repo.resolve(), args.good, args.bad, args.case, args.path, pytest_args)
+        found = bisect(args.repo.resolve(), args.good, args.bad, args.case, args.path, pytest_args)
     except BisectError as exc:
         print(f"mlp-loadbench bisect: {exc}", file=sys.stderr)
         return 2
-    subject = git(args.repo, "log", "-1", "--format=%h %s", commit).stdout.strip()
-    print(f"first bad commit: {commit}\n  {subject}")
+    print(f"first bad commit: {found.first_bad}\n  {describe(args.repo, found.first_bad)}")
+    if found.skipped:
+        print(f"skipped, the suite could not run there ({len(found.skipped)}):")
+        print("\n".join(f"  {describe(args.repo, commit)}" for commit in found.skipped))
     return 0
+
+
+def describe(repo: Path, commit: str) -> str:
+    """A commit's short id and subject."""
+    return git(repo, "log", "-1", "--format=%h %s", commit).stdout.strip()
 
 
 if __name__ == "__main__":
