@@ -245,7 +245,9 @@ def test_a_machine_info_difference_is_one_short_line_that_names_the_settings_fir
     ours = {"node": "runner-2", "cpu": {"brand_raw": "EPYC", "flags": ["avx"] * 400},
             "loadbench": {"gpu": {"name": "H100"}, "settings": {"profile": "smoke", "epochs": 2, "loop": "fast"}}}
     assert machine_difference(base, base) is None
-    assert machine_difference(ours, base) == "baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8; node"
+    assert machine_difference(ours, base) == (
+        "baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8; node"
+    )
     ours["loadbench"]["gpu"]["name"] = "H200"
     ours["cpu"] = {f"key_{i:02d}_{'x' * 30}": i for i in range(40)}
     ours["loadbench"]["settings"].update(dataset="/a/very/long/path/to/the/frames.csv", plant="5%:gpu")

@@ -163,7 +163,8 @@ def test_floors_set_for_the_profiles_epochs_do_not_judge_a_run_of_other_epochs()
     own = check_budget(SMOKE_FLOORS, WEAK, profile="smoke", epochs=8)
     assert own.floors_skipped is None
     assert [f.metric for f in own.failures] == ["accuracy", "macro_f1", "rss_peak_mib"]
-    assert check_budget(Budget(rss_peak_mib_max=1.0), WEAK, profile="smoke", epochs=2).floors_skipped is None  # no floor
+    no_floors = Budget(rss_peak_mib_max=1.0)
+    assert check_budget(no_floors, WEAK, profile="smoke", epochs=2).floors_skipped is None  # nothing skipped
 
 
 def test_the_verdict_and_the_summary_say_why_floors_were_not_judged() -> None:

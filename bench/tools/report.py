@@ -492,10 +492,11 @@ history.html; inference.png and serving.md from serving runs; search-<study>.png
 
 Regressions: each run is judged by the gate's own rules (the limits against a baseline in
 --budgets: time beyond noise, accuracy and F1 drops, memory and energy growth) against the
-newest earlier run on the same GPU model that measured the same thing (compare.same_measurement: one GPU model and the same profile, epochs, dataset,
-loop, implementation, precision, planted slowdown...). A run with no such earlier run is
-"not gated", and summary.md says why; summary.md marks each regressed case of the newest
-run REGRESSED with the rule that flagged it; history.html marks and lists every regression.
+newest earlier run that measured the same thing (compare.same_measurement: one GPU model
+and the same profile, epochs, dataset, loop, implementation, precision, planted
+slowdown...). A run with no such earlier run is "not gated", and summary.md says why;
+summary.md marks each regressed case of the newest run REGRESSED with the rule that
+flagged it; history.html marks and lists every regression.
 
 Exit codes: 0 the report was written, regressions or not (the gate that fails a pull
 request is pytest's own run; read summary.md for the verdicts); 1 nothing to report (no

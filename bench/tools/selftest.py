@@ -763,8 +763,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("host", "gpu"), default=None,
                         help="how the slowdown is planted (--plant-slowdown's mode). Default: host")  # fmt: skip
     parser.add_argument("--gpus", type=parse_gpus, default=None, metavar="0,1,...",
-                        help="run on these GPUs (indices of this machine's GPUs, comma-separated) at once, one run per GPU "
-                             "at a time; refused where a GPU is not there. Default: one run at a time")  # fmt: skip
+                        help="run on these GPUs (this machine's GPU indices) at once, one run per GPU at a "
+                             "time; refused where a GPU is not there. Default: one run at a time")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where the run files and outputs go. "
                              "Default: selftest/ (with --from: its folder)")  # fmt: skip
