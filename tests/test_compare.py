@@ -234,6 +234,14 @@ def test_floors_judge_only_with_budgets_too(stored, tmp_path, budgets, capsys) -
     assert "accuracy = 0.8 breaks its limit 0.9; below its floor" in out
 
 
+def test_floors_do_not_judge_a_run_of_other_epochs_than_its_profiles(stored, tmp_path, budgets, capsys) -> None:
+    budgets.write_text(BUDGETS + "\n[datasets.synthetic.defaults]\naccuracy_min = 0.9\n")
+    new = write_run(tmp_path / "new.json", 5, cases(), epochs=2)
+    code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--budgets-too")
+    assert code == 0 and "below its floor" not in out
+    assert "accuracy and F1 floors not judged: floors set for 8 epochs of the smoke profile; this run trained 2" in out
+
+
 def test_a_partial_run_file_is_read_like_any_run(stored, tmp_path, budgets, capsys) -> None:
     new = write_run(tmp_path / "run.partial.json", 5, {fullname("units-128"): training("units-128", 0.1)})
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)

@@ -14,6 +14,7 @@ from bench.plugin.compare import DEFAULT_UNKNOWN_NOISE_PCT
 from bench.plugin.compare import check_time
 from bench.plugin.compare import estimate_noise
 from bench.plugin.compare import load_history
+from bench.plugin.compare import machine_difference
 from bench.plugin.compare import same_measurement
 from bench.plugin.compare import time_limit
 
@@ -236,3 +237,30 @@ def test_floors_apply_only_to_the_dataset_they_were_set_for(tmp_path) -> None:
     assert budgets.resolve("quick", "act", "act-sigmoid", "data/digits.csv").accuracy_min == 0.9
     assert budgets.resolve("quick", "act", "act-sigmoid", "other.csv").accuracy_min is None
     assert budgets.covers("data/digits.csv") and not budgets.covers("other.csv")
+
+
+def test_a_machine_info_difference_is_one_short_line_that_names_the_settings_first() -> None:
+    base = {"node": "runner-1", "cpu": {"brand_raw": "EPYC", "flags": ["avx"] * 400},
+            "loadbench": {"gpu": {"name": "H100"}, "settings": {"profile": "smoke", "epochs": 8, "loop": "fast"}}}
+    ours = {"node": "runner-2", "cpu": {"brand_raw": "EPYC", "flags": ["avx"] * 400},
+            "loadbench": {"gpu": {"name": "H100"}, "settings": {"profile": "smoke", "epochs": 2, "loop": "fast"}}}
+    assert machine_difference(base, base) is None
+    assert machine_difference(ours, base) == (
+        "baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8; node"
+    )
+    ours["loadbench"]["gpu"]["name"] = "H200"
+    ours["cpu"] = {f"key_{i:02d}_{'x' * 30}": i for i in range(40)}
+    ours["loadbench"]["settings"].update(dataset="/a/very/long/path/to/the/frames.csv", plant="5%:gpu")
+    line = machine_difference(ours, base)
+    assert line is not None and len(line) <= 160
+    assert line == ("baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8, "
+                    "dataset /a/very/long/path... vs unset and 1 more; loadbench.gpu.name and 43 more")  # fmt: skip
+    del ours["cpu"]
+    assert machine_difference(ours, base) == (
+        "baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8, dataset /a/very/long/path... "
+        "vs unset and 1 more; loadbench.gpu.name and 3 more"
+    )
+    del ours["loadbench"]["settings"]["dataset"]
+    assert machine_difference(ours, base) == ("baseline machine_info differs (this run vs baseline): settings "
+                                              "epochs 2 vs 8, plant 5%:gpu vs unset; loadbench.gpu.name, "
+                                              "cpu.brand_raw, cpu.flags, node")  # fmt: skip

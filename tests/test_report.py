@@ -640,3 +640,23 @@ def test_tables_of_a_planted_run_say_so(tmp_path) -> None:
     tables = _tables(tmp_path, plant="150%:host")
     assert "plant 150%:host" in next(line for line in tables.splitlines() if line.startswith("Settings: "))
     assert "**Planted run**: --plant-slowdown 150%:host slowed every timed epoch on purpose" in tables
+
+
+def test_the_help_says_how_regressions_are_judged_and_what_the_exit_codes_mean(capsys) -> None:
+    with pytest.raises(SystemExit):
+        report_main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # the epilog's lines joined
+    assert "Regressions: each run is judged by the gate's own rules" in shown
+    assert "compare.same_measurement" in shown and '"not gated"' in shown
+    assert "Exit codes: 0 the report was written, regressions or not" in shown
+    assert "1 nothing to report" in shown and "2 a bad command line or budgets file" in shown
+
+
+def test_a_bad_budgets_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[defaults]\ntime_slower_pc = 10\n")
+    assert report_main([str(_synthetic(tmp_path, 0)), "--out", str(tmp_path / "out"), "--budgets", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"mlp-loadbench report: --budgets {bad}: [defaults]: unknown key 'time_slower_pc'")
+    assert not (tmp_path / "out").exists()

@@ -427,6 +427,26 @@ def test_bad_running_options_are_usage_errors(capsys, option, values) -> None:
         assert option in capsys.readouterr().err, value
 
 
+@pytest.mark.parametrize(
+    ("gpus", "count", "line"),
+    [("0", 0, "--gpus 0: no GPU on this machine (NVML finds none); leave --gpus out to run one run at a time"),
+     ("0,1,2", 2, "--gpus 0,1,2: this machine has 2 GPU(s), indices 0 to 1; no GPU 2")],
+)  # fmt: skip
+def test_gpus_that_are_not_there_are_refused_before_any_run(tmp_path, monkeypatch, capsys, gpus, count, line) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(selftest, "visible_gpus", lambda: count)
+    monkeypatch.setattr(selftest, "run_one", lambda command, out_json, name, log, env=None: ran.append(name))
+    assert main(["-k", "x", "--runs", "2", "--gpus", gpus, "--out", str(tmp_path / "st")]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"mlp-loadbench selftest: {line}"]
+    assert ran == [] and not (tmp_path / "st").exists()
+
+
+def test_gpus_that_are_there_pass_the_check() -> None:
+    assert selftest.gpus_problem(["0", "1"], 2) is None
+    assert selftest.gpus_problem(["3"], 4) is None
+    assert isinstance(selftest.visible_gpus(), int)
+
+
 @pytest.mark.parametrize(("given", "named"), [(["-k", ""], "-k"), (["--resume"], "--resume"), (["--gpus", "0,1"], "--gpus")])
 def test_running_options_named_with_from_are_usage_errors(tmp_path, capsys, given, named) -> None:
     with pytest.raises(SystemExit) as exit_:

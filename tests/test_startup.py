@@ -3,12 +3,14 @@ nothing trained or written first (bench/plugin/startup.py, kernels/env.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
 
 from bench.plugin.options import Plant
 from bench.plugin.options import plant_on
@@ -144,3 +146,19 @@ def test_the_search_and_merge_commands_describe_themselves(capsys: pytest.Captur
         merge_main(["--help"])
     shown = capsys.readouterr().out
     assert "the merged run file to write" in shown and "the run files of the shards" in shown
+
+
+def test_a_baseline_with_other_epochs_is_named_in_one_short_line(suite: pytest.Pytester) -> None:
+    """pytest-benchmark's own warning prints both machine_info dicts whole, kilobytes on one line."""
+    machine_info = pytest_benchmark_generate_machine_info()
+    machine_info["loadbench"] = {"gpu": None, "settings": {"profile": "smoke", "epochs": 8, "dataset": "synthetic"}}
+    stored = {"machine_info": machine_info, "commit_info": {"id": "abc"}, "datetime": "2026-01-01T00:00:00",
+              "version": "5.2.3", "benchmarks": []}  # fmt: skip
+    (suite.path / "baseline.json").write_text(json.dumps(stored))
+    result = suite.runpytest_subprocess("--collect-only", "-q", "--profile=smoke", "--epochs=2",
+                                        "--benchmark-compare=baseline.json")  # fmt: skip
+    said = result.stdout.lines + result.stderr.lines
+    assert result.ret == pytest.ExitCode.OK
+    assert "Benchmark machine_info is different" not in "\n".join(said)
+    assert max(len(line) for line in said) < 300, max(said, key=len)
+    result.stderr.fnmatch_lines(["*: baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8*"])

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from bench.cases import Case
 from bench.plugin.budgets import Budget
 from bench.plugin.budgets import BudgetError
 from bench.plugin.budgets import Budgets
 from bench.plugin.budgets import Failure
+from bench.plugin.budgets import check_budget
 from bench.plugin.budgets import check_drop_growth
 from bench.plugin.budgets import check_inference
 from bench.plugin.compare import Noise
 from bench.plugin.compare import check_growth
 from bench.plugin.options import DEFAULT_BUDGETS
+from bench.plugin.summary import floors_lines
 from bench.plugin.verdict import NOT_GATED
 from bench.plugin.verdict import OK
 from bench.plugin.verdict import OVER_BUDGET
@@ -146,3 +149,31 @@ def test_first_epoch_figures_are_judged_only_between_warm_caches() -> None:
     assert grown("empty", "warm") == []
     assert grown("warm", "cold (emptied for this session)") == []
     assert grown("empty", "empty") == []  # compilation time moves with the host's load
+
+
+SMOKE_FLOORS = Budget(accuracy_min=0.30, macro_f1_min=0.2, rss_peak_mib_max=1000.0)
+WEAK = {"accuracy": 0.214, "macro_f1": 0.1, "rss_peak_mib": 1500.0}  # below both floors, above the ceiling
+SKIPPED = "floors set for 8 epochs of the smoke profile; this run trained 2"
+
+
+def test_floors_set_for_the_profiles_epochs_do_not_judge_a_run_of_other_epochs() -> None:
+    checked = check_budget(SMOKE_FLOORS, WEAK, profile="smoke", epochs=2)
+    assert checked.floors_skipped == SKIPPED
+    assert [f.metric for f in checked.failures] == ["rss_peak_mib"]  # the ceiling judges any epoch count
+    own = check_budget(SMOKE_FLOORS, WEAK, profile="smoke", epochs=8)
+    assert own.floors_skipped is None
+    assert [f.metric for f in own.failures] == ["accuracy", "macro_f1", "rss_peak_mib"]
+    no_floors = Budget(rss_peak_mib_max=1.0)
+    assert check_budget(no_floors, WEAK, profile="smoke", epochs=2).floors_skipped is None  # nothing skipped
+
+
+def test_the_verdict_and_the_summary_say_why_floors_were_not_judged() -> None:
+    verdict = decide([], [], baseline=None, gating=False, floors_skipped=SKIPPED)
+    assert verdict.status == OK
+    assert verdict.reason == f"no baseline: budgets only; accuracy and F1 floors not judged: {SKIPPED}"
+    entries = [{"case": Case.parse("units-256"), "floors_skipped": SKIPPED},
+               {"case": Case.parse("units-128"), "floors_skipped": SKIPPED},
+               {"case": Case.parse("loop-reference"), "floors_skipped": None}]  # fmt: skip
+    assert floors_lines(entries) == ["", f"floors: accuracy and F1 floors not judged for 2 case(s): {SKIPPED}; "
+                                         "load ceilings and limits against a baseline still judged"]  # fmt: skip
+    assert floors_lines(entries[2:]) == []

@@ -6,19 +6,23 @@ Registered from the root conftest.py. The hooks that need session state live on
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pytest_benchmark.logger import PytestBenchmarkWarning
 
 from bench.plugin import startup
+from bench.plugin.compare import machine_difference
 from bench.plugin.fixture import LoadBench
 from bench.plugin.options import add_options
 from bench.plugin.session import LoadBenchSession
 from kernels import env as loadbench_env
 
 PLUGIN_NAME = "loadbench"
+MACHINE_INFO_DUMP = "Benchmark machine_info is different"  # how pytest-benchmark's warning begins
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,19 +60,32 @@ def check_start(config: pytest.Config) -> None:
 def pytest_benchmark_compare_machine_info(
     config: pytest.Config, benchmarksession: Any, machine_info: dict[str, Any], compared_benchmark: Any
 ) -> Any:
-    """Keep pytest-benchmark's own machine_info warning from ending the session.
+    """Say in one short line what differs from the baseline's machine_info, in place of
+    pytest-benchmark's own warning, which prints both dicts whole (kilobytes on one
+    line), and keep that warning from ending the session.
 
     pytest-benchmark (5.3) names its storage relative to the working directory in that
     warning, and raises ValueError when the storage lies outside it and the machine
     info differs: the very case our session's hook (which runs first) judges and
     reports as 'shown, not gated'. The self-hosted workflow keeps its baselines
     outside the checkout, so one driver update would break every pull request."""
-    try:
-        return (yield)
-    except ValueError as exc:
-        if "subpath" not in str(exc) and "relative" not in str(exc):
-            raise
-        return None
+    logger = benchmarksession.logger
+    level = logger.level  # --benchmark-verbose would also print the dump on the terminal
+    logger.level = min(level, logger.NORMAL)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MACHINE_INFO_DUMP, category=PytestBenchmarkWarning)
+        try:
+            result = yield
+        except ValueError as exc:
+            if "subpath" not in str(exc) and "relative" not in str(exc):
+                raise
+            result = None
+        finally:
+            logger.level = level
+    line = machine_difference(machine_info, compared_benchmark.get("machine_info") or {})
+    if line is not None:
+        logger.warning(line)
+    return result
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

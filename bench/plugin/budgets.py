@@ -13,6 +13,8 @@ data they were set on, so they live under ``[datasets.<name>]`` only: ``syntheti
 for the embedded generator, a CSV's file name (``[datasets."frames.csv"]``) for a
 user's data. A dataset the file does not name gets no floors or ceilings, and the
 summary says so; limits against a baseline (time, drops, growth) apply to any data.
+Accuracy and F1 floors also hold for one training length, the profile's epochs: a run
+with other ``--epochs`` is not judged by them, and its verdicts and summary say so.
 
 Serving (bench/test_inference.py) has its own limits in ``[inference]`` tables, at
 the same places a ``defaults`` table may stand (top level, ``profiles.P``,
@@ -301,6 +303,37 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
 
 
 # ------------------------------------------------------------------------ checks
+
+
+def floors_unjudged(profile: str, epochs: int | None) -> str | None:
+    """Why the accuracy and F1 floors of `profile` do not judge a run that trained
+    `epochs` epochs: they were set for the profile's own epoch count, and a shorter or
+    longer training reaches another accuracy. None where they judge it (the profile's
+    own count, or a profile or count not known)."""
+    own = PROFILES.get(profile)
+    if own is None or epochs is None or int(epochs) == own.epochs:
+        return None
+    return f"floors set for {own.epochs} epochs of the {profile} profile; this run trained {epochs}"
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """The floors and ceilings of one case record: what broke, and why the quality floors
+    were not judged (None where they were, or where the budget sets none)."""
+
+    failures: tuple[Failure, ...]
+    floors_skipped: str | None = None
+
+
+def check_budget(budget: Budget, record: dict[str, Any], *, profile: str, epochs: int | None) -> BudgetCheck:
+    """Floors and ceilings of one case record made with `profile` over `epochs` epochs:
+    the accuracy and F1 floors only where the run trained the profile's own epochs
+    (floors_unjudged); the load ceilings, which no epoch count moves, always."""
+    skipped = floors_unjudged(profile, epochs)
+    if budget.accuracy_min is None and budget.macro_f1_min is None:
+        skipped = None  # nothing left unjudged
+    floors = [] if skipped else check_floors(budget, record)
+    return BudgetCheck((*floors, *check_ceilings(budget, record)), skipped)
 
 
 def check_floors(budget: Budget, record: dict[str, Any]) -> list[Failure]:

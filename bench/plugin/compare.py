@@ -110,6 +110,59 @@ def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any])
     return baseline
 
 
+MACHINE_LINE_MAX = 160  # characters of a machine_info difference line, before it names fewer keys
+VALUE_WIDTH = 20  # a setting's value shown in that line, at most
+
+
+def flat(info: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as dotted path -> leaf value (lists, None and empty dicts are leaves)."""
+    if not isinstance(info, dict) or (not info and prefix):
+        return {prefix: info}
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def machine_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """One short line naming what differs between this run's machine_info and a stored
+    run's: the settings with both values (this run's first), then the other keys by
+    name (those that decide whether the baseline gates first), as many as fit
+    MACHINE_LINE_MAX; None when they are alike. It stands in for
+    pytest-benchmark's warning, which prints both dicts whole."""
+    mine, saved = flat(ours), flat(theirs)
+    differ = sorted(key for key in mine.keys() | saved.keys() if mine.get(key) != saved.get(key))
+    if not differ:
+        return None
+    prefix = f"{RECORD_KEY}.settings."
+
+    def shown(value: Any) -> str:
+        text = "unset" if value is None else str(value)
+        return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 3] + "..."
+
+    def listed(items: list[str], most: int) -> str:
+        more = len(items) - most
+        return ", ".join(items[:most]) + (f" and {more} more" if more > 0 else "")
+
+    first = {f"{prefix}{key}": rank for rank, key in enumerate(HISTORY_SETTINGS)}  # what decides gating
+    first[f"{RECORD_KEY}.gpu.name"] = -1
+    differ.sort(key=lambda key: (first.get(key, len(first)), key))
+    settings = [f"{key[len(prefix):]} {shown(mine.get(key))} vs {shown(saved.get(key))}"
+                for key in differ if key.startswith(prefix)]  # fmt: skip
+    others = [key for key in differ if not key.startswith(prefix)]
+    # Fewer other keys first, then fewer settings, until the line fits.
+    counts = [(len(settings), n) for n in range(len(others), 0, -1)] or [(len(settings), 0)]
+    counts += [(n, min(1, len(others))) for n in range(len(settings) - 1, 0, -1)]
+    line = ""
+    for shown_settings, shown_others in counts:
+        parts = [f"settings {listed(settings, shown_settings)}"] if settings else []
+        parts += [listed(others, shown_others)] if others else []
+        line = f"baseline machine_info differs (this run vs baseline): {'; '.join(parts)}"
+        if len(line) <= MACHINE_LINE_MAX:
+            break
+    return line
+
+
 def same_measurement(gpu: str, settings: dict[str, Any], other_gpu: str, other_settings: dict[str, Any]) -> bool:
     """Whether two runs measured the same thing: one GPU model and the HISTORY_SETTINGS alike."""
     return gpu == other_gpu and all(setting(settings, key) == setting(other_settings, key) for key in HISTORY_SETTINGS)

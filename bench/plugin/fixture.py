@@ -25,8 +25,7 @@ from bench.monitor.series import safe_name
 from bench.monitor.series import write_series
 from bench.monitor.trace import profile_trainer
 from bench.plugin.budgets import Failure
-from bench.plugin.budgets import check_ceilings
-from bench.plugin.budgets import check_floors
+from bench.plugin.budgets import check_budget
 from bench.plugin.compare import case_history
 from bench.plugin.compare import check_against
 from bench.plugin.compare import deltas
@@ -208,9 +207,12 @@ class LoadBench:
         session = self.session
         options = session.options
         budget = session.budgets.resolve(options.profile.name, case.experiment, case.id, options.dataset)
-        budget_failures: list[Failure] = check_floors(budget, record) + check_ceilings(budget, record)
+        # --epochs: the run's own count, not a case's override (a case that trains fewer on a CPU has floors for that)
+        checked = check_budget(budget, record, profile=options.profile.name, epochs=options.epochs)
+        budget_failures: list[Failure] = list(checked.failures)
         baseline_failures: list[Failure] = []
-        entry: dict[str, Any] = {"case": case, "record": record, "failures": [], "deltas": None, "noise": None}
+        entry: dict[str, Any] = {"case": case, "record": record, "failures": [], "deltas": None, "noise": None,
+                                 "floors_skipped": checked.floors_skipped}  # fmt: skip
         found = session.baseline_for(self.benchmark.fullname)
         baseline = None
         if found is not None:
@@ -235,6 +237,7 @@ class LoadBench:
             gating=baseline.gating if baseline is not None else False,
             reason=baseline.reason if baseline is not None else session.no_baseline_reason,
             noise=entry["noise"],
+            floors_skipped=checked.floors_skipped,
         )  # fmt: skip
         record["verdict"] = verdict.as_dict()
         self.benchmark.extra_info["verdict"] = record["verdict"]

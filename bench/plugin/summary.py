@@ -76,6 +76,17 @@ def noise_lines(entries: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def floors_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """One line saying for how many cases the accuracy and F1 floors were not judged, and
+    why (entries carry the reason as "floors_skipped"); nothing where none was skipped."""
+    skipped = [(e["case"].id, e["floors_skipped"]) for e in entries if e.get("floors_skipped")]
+    if not skipped:
+        return []
+    reasons = "; ".join(dict.fromkeys(why for _, why in skipped))
+    return ["", f"floors: accuracy and F1 floors not judged for {len(skipped)} case(s): {reasons}; "
+                "load ceilings and limits against a baseline still judged"]  # fmt: skip
+
+
 def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -> list[str]:
     entries = sorted(entries, key=lambda e: study_order(e["case"].id))  # the study's order, not the run's
     lines = [f"baseline: {m}" for m in messages]
@@ -93,6 +104,7 @@ def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -
     if states:
         lines += ["", f"1st epoch s: compilation and capture included; Triton/Inductor caches {', '.join(states)}"]
     lines += noise_lines(entries)
+    lines += floors_lines(entries)
     reasons = {what: why for e in entries for what, why in e["record"]["load"]["unavailable"].items()}
     if reasons:
         lines += [""] + [f"n/a: {what}: {why}" for what, why in reasons.items()]

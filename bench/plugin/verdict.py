@@ -83,11 +83,13 @@ def decide(
     gating: bool,
     reason: str = "",
     noise: Any = None,
+    floors_skipped: str | None = None,
 ) -> Verdict:
     """The verdict from what broke: against the baseline first, then floors and ceilings.
 
     `noise` is a compare.Noise (or None when nothing was compared); a baseline that did
-    not gate gives NOT_GATED with its `reason` unless a budget broke all the same."""
+    not gate gives NOT_GATED with its `reason` unless a budget broke all the same.
+    `floors_skipped`: why the accuracy and F1 floors were not judged, added to the reason."""
     noise_dict = None
     if noise is not None:
         noise_dict = {"known": noise.known, "spread": noise.spread, "runs": noise.runs, "source": noise.source}
@@ -102,4 +104,7 @@ def decide(
         status = OK
     if baseline is None and not reason:
         reason = "no baseline: budgets only"
+    if floors_skipped:
+        note = f"accuracy and F1 floors not judged: {floors_skipped}"
+        reason = f"{reason}; {note}" if reason else note
     return Verdict(status, failures, baseline, reason, noise_dict)

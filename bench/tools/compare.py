@@ -37,11 +37,11 @@ from bench.cases import study_order
 from bench.plugin.budgets import Budgets
 from bench.plugin.budgets import BudgetError
 from bench.plugin.budgets import Failure
-from bench.plugin.budgets import check_ceilings
+from bench.plugin.budgets import check_budget
 from bench.plugin.budgets import check_drop_growth
-from bench.plugin.budgets import check_floors
 from bench.plugin.budgets import check_inference
 from bench.plugin.budgets import dataset_key
+from bench.plugin.budgets import floors_unjudged
 from bench.plugin.compare import DIRECTIONS
 from bench.plugin.compare import HISTORY_SETTINGS
 from bench.plugin.compare import BaselineError
@@ -237,12 +237,13 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
     saved = {b["fullname"]: b.get("extra_info", {}) for b in old.run.benchmarks}
     profile = str(new.run.settings.get("profile", "quick"))
     dataset = str(new.run.settings.get("dataset", "synthetic"))
+    epochs = new.run.settings.get("epochs")
     judged = []
     for case in cases_of(new):
         then = saved.get(case.fullname)
         judge_case = judge_training if case.kind == TRAINING else judge_serving
         budget_failures, baseline_failures, noise = judge_case(
-            budgets, profile, dataset, case, then, history, gating=gating, budgets_too=budgets_too
+            budgets, profile, dataset, case, then, history, gating=gating, budgets_too=budgets_too, epochs=epochs
         )
         verdict = decide(
             budget_failures, baseline_failures,
@@ -257,11 +258,13 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
 
 
 def judge_training(budgets: Budgets, profile: str, dataset: str, case: Case, then: dict[str, Any] | None,
-                   history: list[dict[str, Any]], *, gating: bool, budgets_too: bool) -> Judgement:  # fmt: skip
-    """The fixture's _judge on a saved record: (budget failures, baseline failures, noise)."""
+                   history: list[dict[str, Any]], *, gating: bool, budgets_too: bool,
+                   epochs: int | None = None) -> Judgement:  # fmt: skip
+    """The fixture's _judge on a saved record: (budget failures, baseline failures, noise).
+    `epochs`: the run's own (its settings); floors set for another count do not judge it."""
     record = case.info
     budget = budgets.resolve(profile, str(record.get("experiment", "")), str(record.get("case", "")), dataset)
-    budget_failures = check_floors(budget, record) + check_ceilings(budget, record) if budgets_too else []
+    budget_failures = list(check_budget(budget, record, profile=profile, epochs=epochs).failures) if budgets_too else []
     if then is None:
         return budget_failures, [], None
     stored = case_history(history, case.fullname) or [then]
@@ -273,7 +276,8 @@ def judge_training(budgets: Budgets, profile: str, dataset: str, case: Case, the
 
 
 def judge_serving(budgets: Budgets, profile: str, dataset: str, case: Case, then: dict[str, Any] | None,
-                  history: list[dict[str, Any]], *, gating: bool, budgets_too: bool) -> Judgement:  # fmt: skip
+                  history: list[dict[str, Any]], *, gating: bool, budgets_too: bool,
+                  epochs: int | None = None) -> Judgement:  # fmt: skip
     """bench/test_inference.py's judge on a saved record: (budget failures, baseline failures, noise)."""
     record = case.info
     budget = budgets.resolve_inference(profile, str(record.get("variant", "")), str(record.get("case", "")), dataset)
@@ -407,6 +411,9 @@ def notes_of(old: RunFile, new: RunFile, judged: list[Judged], budgets: Budgets,
     dataset = str(new.run.settings.get("dataset", "synthetic"))
     if budgets_too and not budgets.covers(dataset):
         notes.append(f"no floors or ceilings for dataset {dataset_key(dataset)!r} in {budgets.path}")
+    skipped = floors_unjudged(str(new.run.settings.get("profile", "quick")), new.run.settings.get("epochs"))
+    if budgets_too and skipped:
+        notes.append(f"accuracy and F1 floors not judged: {skipped}")
     if not budgets_too:
         notes.append("floors and ceilings (they judge one run, not a pair) left out; --budgets-too adds them")
     return notes

@@ -39,6 +39,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from bench.plugin.budgets import BudgetError
 from bench.plugin.budgets import Budgets
 from bench.cases import TITLES
 from bench.cases import study_order
@@ -485,8 +486,28 @@ def commit_list(value: str) -> tuple[str, ...]:
     return tuple(c.lower() for c in commits)
 
 
+EPILOG = """\
+What it builds (in --out): tables.md, a figure per experiment, pareto.png, summary.md and
+history.html; inference.png and serving.md from serving runs; search-<study>.png per --search.
+
+Regressions: each run is judged by the gate's own rules (the limits against a baseline in
+--budgets: time beyond noise, accuracy and F1 drops, memory and energy growth) against the
+newest earlier run that measured the same thing (compare.same_measurement: one GPU model
+and the same profile, epochs, dataset, loop, implementation, precision, planted
+slowdown...). A run with no such earlier run is "not gated", and summary.md says why;
+summary.md marks each regressed case of the newest run REGRESSED with the rule that
+flagged it; history.html marks and lists every regression.
+
+Exit codes: 0 the report was written, regressions or not (the gate that fails a pull
+request is pytest's own run; read summary.md for the verdicts); 1 nothing to report (no
+run files, none with training cases, serving runs or searches, or no serving run of
+--serving-commits); 2 a bad command line or budgets file (one line).
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("runs", nargs="*", type=Path, help="run files (default: every run in --storage)")
     parser.add_argument("--storage", type=Path, default=Path(".benchmarks"), help="pytest-benchmark storage. Default: .benchmarks")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="output folder. Default: reports")
@@ -509,6 +530,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReportError as exc:
         print(f"mlp-loadbench report: {exc}", file=sys.stderr)
         return 1
+    except BudgetError as exc:
+        print(f"mlp-loadbench report: --budgets {exc}", file=sys.stderr)
+        return 2
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if (args.out / "tables.md") in written:

@@ -687,6 +687,37 @@ def parse_gpus(value: str) -> list[str]:
     return parts
 
 
+def visible_gpus() -> int:
+    """How many GPUs `--gpus` may name: NVML's count of this machine's devices (the
+    indices CUDA_VISIBLE_DEVICES takes, which each lane sets for its pytest); 0 where
+    there is no NVIDIA driver or NVML library."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def gpus_problem(gpus: Sequence[str], count: int) -> str | None:
+    """Why `--gpus` cannot run on a machine with `count` GPUs (a run would train on no
+    GPU, or fail after the runs before it), or None when every index names one."""
+    given = ",".join(gpus)
+    if count == 0:
+        return f"--gpus {given}: no GPU on this machine (NVML finds none); leave --gpus out to run one run at a time"
+    missing = [gpu for gpu in gpus if int(gpu) >= count]
+    if missing:
+        return (f"--gpus {given}: this machine has {count} GPU(s), indices 0 to {count - 1}; "
+                f"no GPU {', '.join(missing)}")  # fmt: skip
+    return None
+
+
 # ------------------------------------------------------------------------ command line
 
 
@@ -732,7 +763,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("host", "gpu"), default=None,
                         help="how the slowdown is planted (--plant-slowdown's mode). Default: host")  # fmt: skip
     parser.add_argument("--gpus", type=parse_gpus, default=None, metavar="0,1,...",
-                        help="run on these GPUs at once, one run per GPU at a time. Default: one run at a time")  # fmt: skip
+                        help="run on these GPUs (this machine's GPU indices) at once, one run per GPU at a "
+                             "time; refused where a GPU is not there. Default: one run at a time")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where the run files and outputs go. "
                              "Default: selftest/ (with --from: its folder)")  # fmt: skip
@@ -763,6 +795,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.from_dir is None and args.expr is None:
         parser.error("-k EXPR (the cases to run) or --from DIR (runs already made) is required")
     out = args.out or args.from_dir or Path("selftest")
+    problem = gpus_problem(args.gpus, visible_gpus()) if args.gpus else None
+    if problem:  # before any run: the lanes would train on no GPU, or on GPUs that are not there
+        print(f"mlp-loadbench selftest: {problem}", file=sys.stderr)
+        return 2
     try:
         budgets = Budgets.load(args.budgets)
         if args.from_dir is not None:
