@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import math
+import statistics
 import os
 import time
 import warnings
@@ -48,6 +49,12 @@ LATENCY_ROUNDS = 5  # the calls split into rounds: one p99 per round for the noi
 # on an H100 the first of five rounds often held the tail (round p99s of 83-90 us against
 # 27-41 us in the others); a new CUDA graph, for one, is uploaded at its first launch.
 LATENCY_WARMUP = {"cuda": 50, "cpu": 3}
+# A mode whose batch-1 call is slow gets fewer calls: as many as fill LATENCY_SECONDS, never
+# fewer than LATENCY_MIN_CALLS (100 a round, so each round's p99 is read from 100 calls).
+# Without it one slow variant (a quantized model at milliseconds a call) spends 2000 calls
+# per mode per case, most of the nightly serving matrix's time.
+LATENCY_SECONDS = {"cuda": 2.0, "cpu": 2.0}
+LATENCY_MIN_CALLS = 100 * LATENCY_ROUNDS
 BATCHES = (512, 4096)
 IMPLS = ("torch", "compile", "triton")
 THROUGHPUT_SECONDS = {"cuda": 0.5, "cpu": 0.2}  # timed per batch size (the energy counter needs a window)
@@ -55,6 +62,14 @@ MAX_REPEATS = 100_000
 WARMUP_CALLS = 3  # before timing or capture: compilation, autotuning, allocator growth
 CACHE_FORMAT = 1  # bump when what a cache file holds changes
 LatencyTimer = Callable[[Callable[[], None], int], list[float]]  # (one call, count) -> seconds per call
+
+
+def latency_call_count(calls: int, once_s: float, seconds: float, minimum: int = LATENCY_MIN_CALLS) -> int:
+    """The batch-1 calls to time: `calls`, or as many as fill `seconds` at `once_s` a call
+    if that is fewer, but never fewer than `minimum` (nor more than `calls`)."""
+    if once_s <= 0 or not math.isfinite(once_s):
+        return calls
+    return min(calls, max(minimum, math.ceil(seconds / once_s)))
 
 
 def latency_stats(samples_s: Sequence[float]) -> dict[str, float]:
@@ -147,19 +162,22 @@ def measure(
         primary = graph1 or eager1
 
         pinned_cpus: list[int | None] = []  # per latency mode, with pin
+        call_counts: list[int] = []  # per latency mode: eager, then graph
 
         def timed(runner: Runner) -> list[float]:
             def call() -> None:  # one inference, finished on the device
                 runner()
                 sync()
 
-            for _ in range(LATENCY_WARMUP["cuda" if cuda else "cpu"]):
-                call()
+            warm = own_timer(call, LATENCY_WARMUP["cuda" if cuda else "cpu"])
+            count = calls if latency_calls is not None else latency_call_count(
+                calls, statistics.median(warm), LATENCY_SECONDS["cuda" if cuda else "cpu"])
+            call_counts.append(count)
             timer = latency_timer if (latency_timer is not None and runner is primary) else own_timer
             quiet = latency_quiet() if latency_quiet is not None else contextlib.nullcontext()
             with collector_paused(), quiet, (thread_pinned() if pin else contextlib.nullcontext(None)) as cpu:
                 pinned_cpus.append(cpu)
-                return timer(call, calls)
+                return timer(call, count)
 
         eager_samples = timed(eager1)
         graph_samples = timed(graph1) if graph1 is not None else None
@@ -195,7 +213,7 @@ def measure(
     return {
         "latency_graph_s": latency_stats(graph_samples) if graph_samples is not None else None,
         "latency_eager_s": latency_stats(eager_samples),
-        "latency_calls": calls,
+        "latency_calls": call_counts[-1],
         "latency_mode": "graph" if graph_samples is not None else "eager",
         "latency_p99_by_round_s": round_p99s(primary_samples),
         "latency_pinned_cpu": pinned_cpus[-1] if pin else None,

@@ -27,6 +27,7 @@ from model.compress import Unsupported
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.inference import evaluate
+from model.inference import latency_call_count
 from model.inference import latency_stats
 from model.inference import measure
 from model.inference import round_p99s
@@ -71,6 +72,36 @@ def test_round_p99s_one_per_round():
 
 
 # ---------------------------------------------------------------- measure
+
+
+@pytest.mark.parametrize(
+    ("calls", "once", "expected"),
+    [(2000, 50e-6, 2000), (2000, 2e-3, 1000), (2000, 8e-3, 500), (2000, 1.0, 500), (100, 1.0, 100), (2000, 0.0, 2000)],
+)
+def test_latency_call_count_caps_a_slow_mode_by_time_with_a_floor(calls, once, expected):
+    assert latency_call_count(calls, once, seconds=2.0, minimum=500) == expected
+
+
+def test_measure_times_fewer_calls_where_one_call_is_slow(data, monkeypatch):
+    """The planted clock makes every call 10 ms: 2000 default calls would fill 20 s, so the
+    mode gets the floor of 500 (2 s / 10 ms = 200, raised to the floor)."""
+    import model.inference as inference
+
+    monkeypatch.setitem(inference.LATENCY_CALLS, "cpu", 2000)
+    monkeypatch.setitem(inference.LATENCY_SECONDS, "cpu", 2.0)
+    result = measure(MLP(75, 32, 2, 10).eval(), data, CPU, batches=(64,), clock=stepping_clock(0.01))
+    assert result["latency_calls"] == inference.LATENCY_MIN_CALLS == 500
+    assert len(result["latency_p99_by_round_s"]) == inference.LATENCY_ROUNDS
+
+
+def test_measure_keeps_every_call_where_calls_are_fast(data, monkeypatch):
+    import model.inference as inference
+
+    monkeypatch.setitem(inference.LATENCY_CALLS, "cpu", 700)
+    result = measure(MLP(75, 32, 2, 10).eval(), data, CPU, batches=(64,), clock=stepping_clock(1e-5))
+    assert result["latency_calls"] == 700
+
+
 
 
 def test_measure_with_a_planted_clock(data):
