@@ -1,7 +1,18 @@
+from __future__ import annotations
+
+import os
+
 import pytest
 import torch
 
 pytest_plugins = ["pytester"]
+
+# Under pytest-xdist (`pytest -n 2`) each worker shares the machine's cores with the
+# others: one torch thread pool per worker sized to its share keeps them from spinning
+# against each other.
+_WORKERS = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+if _WORKERS and _WORKERS.isdigit() and int(_WORKERS) > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(_WORKERS)))
 
 
 @pytest.fixture(autouse=True)

@@ -475,7 +475,8 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "bench" / "test_experiments.
 def collected(pytester: pytest.Pytester, *args: str) -> list[str]:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
     (pytester.path / "test_experiments.py").write_text(EXPERIMENTS.read_text())
-    result = pytester.runpytest_subprocess("--collect-only", "-q", "--device=cpu", *args)
+    # --profile quick: every value of every experiment (a CPU's smoke profile leaves some to the nightly tier)
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "--device=cpu", "--profile=quick", *args)
     return [line for line in result.outlines if "::" in line]
 
 

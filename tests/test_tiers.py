@@ -70,7 +70,8 @@ def collected(*args: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_pull_request_tier_holds_what_the_gate_needs() -> None:
-    pr, nightly = collected(), collected("--tier", "nightly")
+    # --profile quick: what a GPU runs by default; a CPU's smoke profile keeps fewer experiment cases
+    pr, nightly = collected("--profile", "quick"), collected("--profile", "quick", "--tier", "nightly")
     assert set(pr) < set(nightly)
     assert sum("test_experiments.py" in c for c in pr) == 22  # the five experiments, whole
     assert sum("test_loops.py" in c for c in pr) == 8  # the loop headline, whole
@@ -80,3 +81,17 @@ def test_the_pull_request_tier_holds_what_the_gate_needs() -> None:
     assert any("test_distributed.py" in c for c in nightly)
     assert any("test_kernels.py::test_mlp_step" in c for c in pr)
     assert len([c for c in nightly if "test_kernels.py" in c]) > len([c for c in pr if "test_kernels.py" in c])
+
+
+@pytest.mark.slow
+def test_the_smoke_profile_on_a_cpu_keeps_a_few_values_of_every_experiment() -> None:
+    from bench.test_experiments import SMOKE_CPU_CASES
+
+    pr = collected("--device", "cpu", "--profile", "smoke")
+    nightly = collected("--device", "cpu", "--profile", "smoke", "--tier", "nightly")
+    experiments = [c for c in pr if "test_experiments.py" in c]
+    assert sorted(c.rsplit("[", 1)[1].rstrip("]") for c in experiments) == sorted(SMOKE_CPU_CASES)
+    tests = {c.split("::")[1].split("[")[0] for c in experiments}
+    assert tests == {"test_hidden_blocks", "test_hidden_units", "test_batch_size", "test_activation", "test_optimizer"}
+    assert sum("test_experiments.py" in c for c in nightly) == 22  # the rest is the nightly tier's
+    assert sum("test_loops.py" in c for c in pr) == 8  # the loop headline stays whole

@@ -38,6 +38,7 @@ from bench.plugin.verdict import decide
 from bench.plugin.session import LoadBenchSession
 from model.config import TrainConfig
 from model.cost import training_cost
+from model.data import Dataset
 from model.train import Trainer
 from model.train import TrainResult
 
@@ -60,16 +61,16 @@ class LoadBench:
         )
         return base.replace(**{**case.changes, **overrides})  # explicit overrides win
 
-    def run(self, case: Case | str, **overrides: object) -> TrainResult:
-        """Train `case` (a Case or its id; with `overrides` of its TrainConfig), measure,
-        record and judge it."""
+    def run(self, case: Case | str, data_fraction: float = 1.0, **overrides: object) -> TrainResult:
+        """Train `case` (a Case or its id; with `overrides` of its TrainConfig) on the session's
+        dataset, or on `data_fraction` of its generated frames, then measure, record and judge it."""
         case = Case.parse(case) if isinstance(case, str) else case
         if self.used:
             raise RuntimeError("loadbench.run() may be called once per test: one timed region per record")
         self.used = True
         session, options = self.session, self.session.options
         config = self.config_for(case, **overrides)
-        data = session.dataset()
+        data = session.dataset(data_fraction)
         self.benchmark.group = case.experiment
         self.benchmark.extra_info.update(case=case.id, experiment=case.experiment, config=config.as_dict())
 
@@ -93,7 +94,7 @@ class LoadBench:
                 f"depth {config.depth}) on {options.device}: {str(exc).splitlines()[0]}",
                 pytrace=False,
             )
-        record = self._record(case, config, result, epochs, monitor)
+        record = self._record(case, config, data, result, epochs, monitor)
         if options.trace:  # after the timed window, before the trainer lets go of its model
             record["kernel_trace"] = profile_trainer(trainer).to_dict()
         trainer.release()
@@ -153,10 +154,10 @@ class LoadBench:
         return on_epoch
 
     def _record(
-        self, case: Case, config: TrainConfig, result: TrainResult, epoch_seconds: list[float], monitor: LoadMonitor
+        self, case: Case, config: TrainConfig, data: Dataset, result: TrainResult, epoch_seconds: list[float],
+        monitor: LoadMonitor,
     ) -> dict[str, Any]:
         session, options = self.session, self.session.options
-        data = session.dataset()
         rounds = [epoch_seconds]  # one training; the gate's records keep the list of trainings
         steady = time_samples({"epoch_seconds_by_round": rounds}) or rounds[-1]
         median_epoch = statistics.median(steady)

@@ -78,7 +78,7 @@ class LoadBenchSession:
         self.baseline_messages: list[str] = []
         self.records: list[dict[str, Any]] = []  # one per case run, for the summary
         self.shared: dict[str, Any] = {}  # measurements later cases of the session compare with
-        self._dataset: Dataset | None = None
+        self._datasets: dict[float, Dataset] = {}  # by fraction of the profile's frames
         self.left_to_nightly = 0  # cases of the nightly tier this pr-tier run left out
         self.unfinished: list[str] = []  # cases left out of the saved run: no timed round
         self._scratch: Path | None = None
@@ -127,16 +127,21 @@ class LoadBenchSession:
             "kernel_caches": self.caches.state,
         }
 
-    def dataset(self) -> Dataset:
-        """The session's dataset on its device, made on first use (the split can still fail)."""
-        if self._dataset is None:
+    def dataset(self, fraction: float = 1.0) -> Dataset:
+        """The session's dataset on its device, made on first use (the split can still fail).
+        A `fraction` below 1 is a smaller slice of the generator's frames (the profile's scale
+        times it), kept apart; a CSV dataset is every frame of the file at any fraction, as
+        the profile's own scale leaves it whole."""
+        if self.options.dataset != "synthetic":
+            fraction = 1.0
+        if fraction not in self._datasets:
             o = self.options
             try:
-                frames = self._frames or load_frames("synthetic", scale=o.profile.scale)
-                self._dataset = to_device(frames, o.device)
+                frames = self._frames or load_frames("synthetic", scale=o.profile.scale * fraction)
+                self._datasets[fraction] = to_device(frames, o.device)
             except DataError as exc:
                 pytest.exit(f"mlp-loadbench: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-        return self._dataset
+        return self._datasets[fraction]
 
     @property
     def saving(self) -> bool:
