@@ -1,4 +1,4 @@
-"""Compiling ahead in forked worker processes (kernels/compile_pool.py), on CPU: Triton
+"""Compiling ahead in forked worker processes (kernels/runtime/compile_pool.py), on CPU: Triton
 compiles for an sm_90 target without a GPU, so a worker's compile and the cache hit
 after it run here as they do on a GPU host. The suite runs Triton's interpreter
 (conftest.py), and a process that has imported Triton for its interpreter cannot
@@ -21,8 +21,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from kernels import compile_pool
-from kernels import linear_act
+from kernels.runtime import compile_pool
+from kernels.ops import linear_act
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = GPUTarget("cuda", 90, 32)
@@ -52,7 +52,7 @@ def cubins(directory):
 
 def test_a_triton_closure_becomes_a_task_a_worker_can_import():
     module, name, signature, constants, attrs, target, options = compile_pool.compile_task(split_sum_closure())
-    assert (module, name) == ("kernels.linear_act", "_split_sum_kernel")
+    assert (module, name) == ("kernels.ops.linear_act", "_split_sum_kernel")
     assert signature == SIGNATURE and list(constants.values()) == [128] and target == TARGET
     assert options == {"num_warps": 4, "num_stages": 1}
 
@@ -79,7 +79,7 @@ import json, os, sys, types
 from pathlib import Path
 sys.path[:0] = [os.environ["LOADBENCH_ROOT"], os.environ["LOADBENCH_TESTS"]]
 from test_compile_pool import split_sum_closure, cubins
-from kernels import compile_pool
+from kernels.runtime import compile_pool
 cache = Path(os.environ["TRITON_CACHE_DIR"])
 out = {}
 with compile_pool.CompileExecutor(processes=1, threads=1) as executor:

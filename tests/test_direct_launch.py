@@ -1,4 +1,4 @@
-"""kernels/direct_launch.py: Triton's binding once per launch signature, then the
+"""kernels/runtime/direct_launch.py: Triton's binding once per launch signature, then the
 compiled kernel's launcher. On a CPU with a stand-in kernel (the interpreter has no
 compiled kernels); the GPU test runs the fused op both ways."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import direct_launch
+from kernels.runtime import direct_launch
 
 CUDA = torch.cuda.is_available()
 
@@ -151,7 +151,7 @@ def test_a_kernel_missing_an_argument_is_not_cached(stand_in) -> None:
 
 @pytest.mark.skipif(CUDA, reason="the interpreter's path")
 def test_under_the_interpreter_nothing_is_cached() -> None:
-    from kernels.linear_act import linear_act
+    from kernels.ops.linear_act import linear_act
 
     direct_launch.clear()
     x, w, b = torch.randn(8, 5), torch.randn(6, 5, requires_grad=True), torch.randn(6)
@@ -164,7 +164,7 @@ def test_under_the_interpreter_nothing_is_cached() -> None:
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_direct_launches_give_triton_s_bits(dtype) -> None:
-    from kernels.linear_act import linear_act
+    from kernels.ops.linear_act import linear_act
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(300, 75, device="cuda", generator=g).to(dtype)

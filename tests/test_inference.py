@@ -239,9 +239,9 @@ def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path,
     each layer, on the interpreter; the same accuracy either way."""
     import dataclasses
 
-    from kernels import launch_plan
-    from kernels import launches
-    from kernels import mlp_forward
+    from kernels.plan import launch_plan
+    from kernels.plan import launches
+    from kernels.ops import mlp_forward
 
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(mlp_forward, "ENABLED", fused)

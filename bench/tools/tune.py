@@ -1,10 +1,10 @@
 """Measure launch configurations for the fused kernels on this GPU and write the table.
 
-    python -m kernels.tune                      # updates kernels/launch_table.json
-    python -m kernels.tune --out table.json --batches 64 512 --widths 512
-    python -m kernels.tune --merge a.json b.json    # one table from runs split over GPUs
-    python -m kernels.tune --from-cache ~/.cache/mlp-loadbench/launch-cache.json
-    python -m kernels.tune --dry-run --experiments  # what first-use tuning costs, no GPU
+    python -m bench.tools.tune                      # updates kernels/launch_table.json
+    python -m bench.tools.tune --out table.json --batches 64 512 --widths 512
+    python -m bench.tools.tune --merge a.json b.json    # one table from runs split over GPUs
+    python -m bench.tools.tune --from-cache ~/.cache/mlp-loadbench/launch-cache.json
+    python -m bench.tools.tune --dry-run --experiments  # what first-use tuning costs, no GPU
 
 Shapes: every Linear of the MLP (the first layer's K = 75, the hidden layers, the
 head's N = 10) at each batch x width of bench/test_kernels.py's grid (--experiments:
@@ -18,14 +18,14 @@ once.
 Tuning is first-use tuning's own (`launches._Launches.tune`): the candidates of
 `launch_plan.tuning_candidates` (tiles that fit the output and pass the occupancy
 rule, split-K for weight gradients that leave SMs idle, the cuBLAS route) compiled at
-once in forked workers (kernels/compile_pool.py), each timed briefly from a CUDA graph,
+once in forked workers (kernels/runtime/compile_pool.py), each timed briefly from a CUDA graph,
 the fastest few timed again properly (here with more calls and replays than on first
 use: this table is committed). The table is keyed by the GPU's name, so tables of several GPU models live
-side by side, and wins over the per-user cache (kernels/tuning_cache.py). Its entries
+side by side, and wins over the per-user cache (kernels/plan/tuning_cache.py). Its entries
 are the cache's (route included: split_k, backend), with their timings as evidence.
 
 --from-cache writes a first-use tuning cache's groups into the table instead of
-measuring: what a user's runs (or `kernels.bench_cells --cache-dir`) tuned becomes the
+measuring: what a user's runs (or `bench.tools.bench_cells --cache-dir`) tuned becomes the
 committed entries for that GPU model, each with its own timing as evidence, and the
 group's Triton and torch versions recorded beside it.
 
@@ -49,11 +49,11 @@ from typing import Any
 
 import torch
 
-from kernels import launch_plan
-from kernels import launches
-from kernels import linear_act as op
-from kernels import tuning_cache
-from kernels.launch_plan import LaunchConfig
+from kernels.plan import launch_plan
+from kernels.plan import launches
+from kernels.ops import linear_act as op
+from kernels.plan import tuning_cache
+from kernels.plan.launch_plan import LaunchConfig
 
 DEFAULT_BATCHES = (64, 128, 256, 512)
 DEFAULT_WIDTHS = (128, 256, 512, 1024, 2048)
@@ -289,7 +289,7 @@ NOT_EVIDENCE = ("config", "finalists", "finalists_ms")
 def evidence(entry: dict) -> dict:
     """A tuned entry's evidence as the table keeps it: its timings and counts, and for a
     cuBLAS-route winner the fused finalist eager calls take instead ('eager': config and
-    the ms per call it is slower by; kernels/launches.py, "Eager calls")."""
+    the ms per call it is slower by; kernels/plan/launches.py, "Eager calls")."""
     out = {k: v for k, v in entry.items() if k not in NOT_EVIDENCE}
     try:
         finalists = [LaunchConfig.from_dict(c) for c in entry.get("finalists", [])]
@@ -299,7 +299,7 @@ def evidence(entry: dict) -> dict:
     if second is not None:
         out["eager"] = {"config": dataclasses.asdict(second[0]), "gives_up_ms": second[1]}
     return out
-FROM_CACHE_TIMING = "first-use tuning (kernels/tuning_cache.py), each entry's own: see its evidence's 'timing'"
+FROM_CACHE_TIMING = "first-use tuning (kernels/plan/tuning_cache.py), each entry's own: see its evidence's 'timing'"
 
 
 def read_cache_groups(path: str) -> list[tuple[str, tuple[str, str], dict[str, dict]]]:
@@ -329,7 +329,7 @@ def read_measured(path: str) -> dict[str, dict[str, dict]]:
             for gpu, table in tables.items()
         }
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a launch table written by kernels.tune ({type(exc).__name__}: {exc})") from None
+        raise ValueError(f"{path}: not a launch table written by bench.tools.tune ({type(exc).__name__}: {exc})") from None
 
 
 def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
@@ -344,7 +344,7 @@ def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.tune", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(launches.TABLE_PATH))
     parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES))
     parser.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS))
@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             runs = [read_measured(path) for path in args.merge]
         except ValueError as exc:
-            print(f"kernels.tune: {exc}", file=sys.stderr)
+            print(f"bench.tools.tune: {exc}", file=sys.stderr)
             return 2
         for gpu in sorted({gpu for run in runs for gpu in run}):
             write_table(args.out, gpu, merge_measured([run[gpu] for run in runs if gpu in run]))
@@ -370,14 +370,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             groups = read_cache_groups(args.from_cache)
         except ValueError as exc:
-            print(f"kernels.tune: {exc}", file=sys.stderr)
+            print(f"bench.tools.tune: {exc}", file=sys.stderr)
             return 2
         for gpu, versions, entries in groups:
             write_table(args.out, gpu, entries, versions, FROM_CACHE_TIMING)
             print(f"{gpu} (triton {versions[0]}, torch {versions[1]}): {len(entries)} shape classes -> {args.out}")
         return 0
     if args.experiments:
-        from kernels.bench_cells import experiment_pairs
+        from bench.tools.bench_cells import experiment_pairs
 
         pairs = experiment_pairs(args.batches, args.widths)
     else:
@@ -391,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_dry_run(dry_run(shapes, sms))
         return 0
     if not torch.cuda.is_available():
-        print("kernels.tune: needs a CUDA GPU (the table holds timings of the GPU it ran on)", file=sys.stderr)
+        print("bench.tools.tune: needs a CUDA GPU (the table holds timings of the GPU it ran on)", file=sys.stderr)
         return 2
     start = time.perf_counter()
     name = torch.cuda.get_device_name()

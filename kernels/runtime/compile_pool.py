@@ -1,6 +1,6 @@
 """Triton compiles in forked worker processes, for first-use tuning's compile-ahead.
 
-`precompile` (kernels/launches.py) hands every tuning candidate to Triton's
+`precompile` (kernels/plan/launches.py) hands every tuning candidate to Triton's
 AsyncCompileMode, which submits one compile closure per kernel to an executor. On a
 thread pool those closures share the GIL: on an H100 host with Triton 3.6, eight and
 sixteen threads compiled the 111 candidates of the first fp32 configuration in the same

@@ -12,7 +12,7 @@ with the columns past C masked, rows go BLOCK_ROWS at a time, and the last block
 batch of any size is masked, so a partial last batch is right.
 
 The kernel is launched directly from a torch.autograd.Function rather than through a
-torch.library.triton_op (kernels/linear_act.py's style): measured on an H100, forward
+torch.library.triton_op (kernels/ops/linear_act.py's style): measured on an H100, forward
 and backward cost 305 us of host time through the op's eager dispatch, 192 us this way,
 147-158 us through F.cross_entropy; the eager fast loop pays it every step. CUDA-graph
 capture and the interpreter (TRITON_INTERPRET=1, CPU tensors) work the same way
@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_plan import cdiv
-from kernels.launch_plan import next_power_of_2
+from kernels.plan.launch_plan import cdiv
+from kernels.plan.launch_plan import next_power_of_2
 
 ROWS_PER_PROGRAM = 1024
 TILE = 2048  # elements per loop iteration: BLOCK_ROWS x BLOCK_C

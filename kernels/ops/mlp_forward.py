@@ -64,12 +64,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import direct_launch
+from kernels.runtime import direct_launch
 from kernels import env
-from kernels.linear_act import LEAKY_SLOPE
-from kernels.linear_act import _activation
-from kernels.launch_plan import cdiv
-from kernels.launch_plan import next_power_of_2
+from kernels.ops.linear_act import LEAKY_SLOPE
+from kernels.ops.linear_act import _activation
+from kernels.plan.launch_plan import cdiv
+from kernels.plan.launch_plan import next_power_of_2
 
 MAX_LAYERS = 6  # the study's deepest MLP: 5 hidden blocks and the head
 MAX_ROWS = 16

@@ -1,6 +1,6 @@
 """Where the fused op's launch configurations come from, per process: the committed
 table, the per-user cache, first-use tuning and the launch report
-(kernels/linear_act.py launches; kernels/launch_plan.py plans).
+(kernels/ops/linear_act.py launches; kernels/plan/launch_plan.py plans).
 
 Launch configurations come from `launch_config` / `launch_report`, resolved once per
 (kernel, shape, dtype, device) per process and then kept in a dict, so the eager hot
@@ -8,22 +8,22 @@ path (`_plan`) does one dict lookup, not a table walk, a heuristic or an environ
 read per call. Where a configuration comes from ('source' in `launch_report()`), in
 order:
 
-1. 'table': kernels/launch_table.json, measured offline by `python -m kernels.tune`
+1. 'table': kernels/launch_table.json, measured offline by `python -m bench.tools.tune`
    per GPU model and shape class, committed (the table wins over the cache);
-2. 'cache': the per-user cache of tiles tuned on first use (kernels/tuning_cache.py),
+2. 'cache': the per-user cache of tiles tuned on first use (kernels/plan/tuning_cache.py),
    keyed by GPU model and the Triton and torch versions;
 3. 'tuned': on the first eager call of a shape class neither covers, the candidates
    (split-K and the cuBLAS route included) are compiled at once (forked workers),
    each is timed briefly from a CUDA graph, the few fastest are timed again properly
    and the fastest of those is used and stored in the cache, with a progress line on
-   stderr (`kernels.tune --dry-run` counts what that costs);
+   stderr (`bench.tools.tune --dry-run` counts what that costs);
 4. 'heuristic': `heuristic_config`, where nothing can be measured (CPU, the
    interpreter), tuning is off, or the first call comes during CUDA-graph capture or
    torch.compile tracing, where no timing may run: that call uses the heuristic, the
    report says so, and the next eager call tunes.
 
 Table and cache are keyed by `launch_plan.shape_key`. LOADBENCH_TUNE=off|cache|always
-picks the policy (kernels/tuning_cache.py).
+picks the policy (kernels/plan/tuning_cache.py).
 
 Eager calls. Tuning times kernels from CUDA graphs, GPU time alone; an eager step of
 the MLP is bound by the host instead (on the GPU hosts measured, an eager forward +
@@ -34,11 +34,11 @@ torch's on it. So a kernel whose tuning picked the cuBLAS route keeps its fastes
 finalist as `_Plan.eager` where the GPU time that gives up is below what one torch call
 costs this host (`host_call_ms`, measured once per process); calls that no CUDA graph
 captures launch that, graphs and torch.compile the tuned winner. The report names it
-('eager'). The committed table keeps that finalist in its evidence (`kernels.tune`);
+('eager'). The committed table keeps that finalist in its evidence (`bench.tools.tune`);
 table entries written before it, and kernels first met during a capture, have none.
 
 Timing (`time_launch`) and compiling ahead (`precompile`) run the op's own launch code,
-which kernels/linear_act.py hands over when it loads (`use_launch_code`): it imports
+which kernels/ops/linear_act.py hands over when it loads (`use_launch_code`): it imports
 this module for its plans, so this module does not import it.
 """
 
@@ -60,33 +60,33 @@ import torch
 import triton
 
 from kernels import env
-from kernels import tuning_cache
-from kernels.launch_plan import ACTIVATIONS
-from kernels.launch_plan import CUBLAS
-from kernels.launch_plan import GEMV
-from kernels.launch_plan import KEY_FORMAT
-from kernels.launch_plan import SILU
-from kernels.launch_plan import TIMED_ACTIVATION
-from kernels.launch_plan import TRITON
-from kernels.launch_plan import LaunchConfig
-from kernels.launch_plan import _CLASS_OF
-from kernels.launch_plan import _make_plan
-from kernels.launch_plan import _mnk
-from kernels.launch_plan import param_dtype
-from kernels.launch_plan import _Plan
-from kernels.launch_plan import _precision
-from kernels.launch_plan import activation_class
-from kernels.launch_plan import check_route
-from kernels.launch_plan import heuristic_config
-from kernels.launch_plan import kernel_shapes
-from kernels.launch_plan import shape_key
-from kernels.launch_plan import tuning_candidates
-from kernels.tuning_cache import TuningCache
+from kernels.plan import tuning_cache
+from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import CUBLAS
+from kernels.plan.launch_plan import GEMV
+from kernels.plan.launch_plan import KEY_FORMAT
+from kernels.plan.launch_plan import SILU
+from kernels.plan.launch_plan import TIMED_ACTIVATION
+from kernels.plan.launch_plan import TRITON
+from kernels.plan.launch_plan import LaunchConfig
+from kernels.plan.launch_plan import _CLASS_OF
+from kernels.plan.launch_plan import _make_plan
+from kernels.plan.launch_plan import _mnk
+from kernels.plan.launch_plan import param_dtype
+from kernels.plan.launch_plan import _Plan
+from kernels.plan.launch_plan import _precision
+from kernels.plan.launch_plan import activation_class
+from kernels.plan.launch_plan import check_route
+from kernels.plan.launch_plan import heuristic_config
+from kernels.plan.launch_plan import kernel_shapes
+from kernels.plan.launch_plan import shape_key
+from kernels.plan.launch_plan import tuning_candidates
+from kernels.plan.tuning_cache import TuningCache
 
-# kernels/launch_table.json, written by `python -m kernels.tune` on each GPU model:
+# kernels/launch_table.json, written by `python -m bench.tools.tune` on each GPU model:
 # per GPU name, "key_format" (KEY_FORMAT) and "configs" keyed by `shape_key`, each a
 # LaunchConfig (split_k and backend included: the routes are table entries too).
-TABLE_PATH = Path(__file__).with_name("launch_table.json")
+TABLE_PATH = Path(__file__).resolve().parents[1] / "launch_table.json"  # the package data lives at kernels/
 
 # The hot path: (kernel, rows, cols, reduction, dtype, device, precision, activation
 # class) -> plan. Only final answers go in (table, cache, tuned, or the heuristic
@@ -203,7 +203,7 @@ class _Launches:
             if raw and group.get("key_format") != KEY_FORMAT:
                 self._warn_once(
                     f"{TABLE_PATH}: {gpu}: tuned before its keys named the precision and activation class "
-                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. Re-tune it: python -m kernels.tune"
+                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. Re-tune it: python -m bench.tools.tune"
                 )
                 raw = {}
             parsed = {}
@@ -404,7 +404,7 @@ class _Launches:
     def fused_second(self, device: torch.device, key: str, source: str) -> tuple[LaunchConfig, float] | None:
         """A cuBLAS-route winner's fastest fused finalist and the ms it gives up: from
         this process's tuning, the cache entry it came from, or the table's evidence
-        (kernels.tune keeps it there as 'eager')."""
+        (bench.tools.tune keeps it there as 'eager')."""
         gpu = self.model(device)
         if (gpu, key) in self._fused_second or source not in ("cache", "table"):
             return self._fused_second.get((gpu, key))
@@ -558,7 +558,7 @@ def reset_launch_state(**overrides: Any) -> None:
 # ------------------------------------------------------------ the op's launch code
 
 
-# What time_launch and precompile run: kernels/linear_act.py's `_forward` and
+# What time_launch and precompile run: kernels/ops/linear_act.py's `_forward` and
 # `_backward` (each takes a launcher last) and its eager launcher, handed over when it
 # loads. It imports this module for its plans, so this module does not import it: the
 # dependency goes one way (tests/test_layout.py allows no import circle, lazy or not).
@@ -573,7 +573,7 @@ def use_launch_code(forward: Callable[..., Any], backward: Callable[..., Any], l
 
 def _op_code() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., None]]:
     if _OP_CODE is None:
-        raise RuntimeError("kernels.launches: no launch code to time; import kernels.linear_act first")
+        raise RuntimeError("kernels.launches: no launch code to time; import kernels.ops.linear_act first")
     return _OP_CODE
 
 
@@ -661,7 +661,7 @@ def time_launch(
 # Compiling candidates ahead of timing (Triton's AsyncCompileMode) is most of first-use
 # tuning's cost. With Triton 3.6 on a 16-core H100 host, 8 and 16 threads took the same
 # 16.9 s for the first fp32 configuration: the compiles share the GIL. So they run in
-# forked worker processes where the machine has the cores (kernels/compile_pool.py;
+# forked worker processes where the machine has the cores (kernels/runtime/compile_pool.py;
 # LOADBENCH_COMPILE_PROCESSES, 0 for threads only), these threads loading what the
 # workers compiled. Bounded so tuning does not swamp a shared host.
 COMPILE_THREADS = env.read("LOADBENCH_TUNE_THREADS")
@@ -674,15 +674,15 @@ def precompile(
     """Compile every candidate's kernels for layer (M, N, K) at once, before any is
     timed: the same code path as a call, with each launch replaced by Triton's
     `warmup` (compile, no launch) under AsyncCompileMode, so the compiles run in
-    forked workers or on threads (kernels/compile_pool.py). Returns the number of
+    forked workers or on threads (kernels/runtime/compile_pool.py). Returns the number of
     candidates handed to it; 0 where Triton has no AsyncCompileMode or runs its
     interpreter. A candidate that fails to compile here fails again, and is skipped,
     when it is timed."""
     mode = getattr(triton, "AsyncCompileMode", None)
     if mode is None or os.environ.get("TRITON_INTERPRET") == "1" or not cfgs:
         return 0
-    from kernels.compile_pool import CompileExecutor
-    from kernels.compile_pool import processes_for
+    from kernels.runtime.compile_pool import CompileExecutor
+    from kernels.runtime.compile_pool import processes_for
 
     act = ACTIVATIONS[activation]
     forward, backward, _ = _op_code()

@@ -1,7 +1,7 @@
 """The per-user cache of launch configurations tuned on first use.
 
 A GPU model the committed table (kernels/launch_table.json) does not cover gets its
-tiles measured once, on first use (kernels/launches.py decides when); the winners
+tiles measured once, on first use (kernels/plan/launches.py decides when); the winners
 land here, so later runs, other shards and other checkouts of the same user reuse
 them. This module only stores and reads; it knows nothing about kernels.
 

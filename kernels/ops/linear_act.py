@@ -41,14 +41,14 @@ Four routes, chosen per kernel and shape by the launch configuration:
   forward GEMM, dZ = act'(.) and the compensated db before the backward GEMMs. For
   the shapes where cuBLAS's GEMM is measured faster than ours. Its plan may carry a
   fused alternative for calls no CUDA graph captures, where the host, not the GPU,
-  bounds the step (kernels/launches.py, "Eager calls").
+  bounds the step (kernels/plan/launches.py, "Eager calls").
 - 'gemv', forward only, at most 16 rows (serving): products on the FMA units, many
   narrow programs, the same epilogue; one launch per layer where the cuBLAS route
   takes two (a GEMV and the epilogue).
 
 Each launch's configuration (tile, split-K slices, route) comes from a plan per
-kernel and shape: kernels/launch_plan.py works plans out (configurations, heuristic,
-tuning candidates, shape keys, split-K slices) and kernels/launches.py picks one per
+kernel and shape: kernels/plan/launch_plan.py works plans out (configurations, heuristic,
+tuning candidates, shape keys, split-K slices) and kernels/plan/launches.py picks one per
 shape, once per process (committed table, per-user cache, first-use tuning;
 `launch_report` says which), so a call's planning is one dict lookup.
 
@@ -58,9 +58,9 @@ inside CUDA-graph capture and, with TRITON_INTERPRET=1, on CPU tensors. An eager
 round trip: an autograd.Function runs the same launch code (on a 2-core CPU, with the
 launches stubbed out, about 40 us less per layer forward + backward), so the results
 are the same bits; its launches skip Triton's per-call binding after the first of each
-launch signature (kernels/direct_launch.py). `linear_act_stack` (what the MLP calls)
+launch signature (kernels/runtime/direct_launch.py). `linear_act_stack` (what the MLP calls)
 runs a whole stack of layers as one such Function, and a gradient-free forward of a few
-rows in one launch (kernels/mlp_forward.py).
+rows in one launch (kernels/ops/mlp_forward.py).
 
 The structure follows Triton's matrix-multiplication tutorial (grouped program order,
 masked loads); the fused prologue, the bias-gradient reduction, split-K and the op
@@ -78,24 +78,24 @@ import triton.language as tl
 from torch.library import triton_op
 from torch.library import wrap_triton
 
-from kernels import direct_launch
-from kernels.launch_plan import ACTIVATIONS
-from kernels.launch_plan import CUBLAS
-from kernels.launch_plan import EPILOGUE_BLOCK
-from kernels.launch_plan import GEMV
-from kernels.launch_plan import GRAD_BLOCK
-from kernels.launch_plan import SILU
-from kernels.launch_plan import SUM_BLOCK
-from kernels.launch_plan import _CLASS_OF
-from kernels.launch_plan import _precision
-from kernels.launch_plan import cdiv
-from kernels.launches import _plan
-from kernels.launches import use_launch_code
+from kernels.runtime import direct_launch
+from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import CUBLAS
+from kernels.plan.launch_plan import EPILOGUE_BLOCK
+from kernels.plan.launch_plan import GEMV
+from kernels.plan.launch_plan import GRAD_BLOCK
+from kernels.plan.launch_plan import SILU
+from kernels.plan.launch_plan import SUM_BLOCK
+from kernels.plan.launch_plan import _CLASS_OF
+from kernels.plan.launch_plan import _precision
+from kernels.plan.launch_plan import cdiv
+from kernels.plan.launches import _plan
+from kernels.plan.launches import use_launch_code
 
 # Re-exported for the op's callers: the strict-fp32 mode the kernels run (bench/plugin
 # reads it; to change it, set kernels.launch_plan.STRICT_FP32) and what ran (README).
-from kernels.launch_plan import STRICT_FP32  # noqa: F401
-from kernels.launches import launch_report  # noqa: F401
+from kernels.plan.launch_plan import STRICT_FP32  # noqa: F401
+from kernels.plan.launches import launch_report  # noqa: F401
 
 LEAKY_SLOPE = 0.01  # torch's default
 
@@ -419,7 +419,7 @@ def _fused_instead_of_cublas(t: torch.Tensor) -> None:
 
 
 # Eagerly, outside any trace: the compiled kernel's launcher, Triton's binding done once
-# per launch signature (kernels/direct_launch.py). Bound by name, not wrapped: a wrapper
+# per launch signature (kernels/runtime/direct_launch.py). Bound by name, not wrapped: a wrapper
 # would pack and unpack the twenty-odd arguments of every launch once more.
 _launch_direct = direct_launch.launch
 
@@ -434,7 +434,7 @@ def _forward(
     plan = _plan("fwd", M, N, K, x, precision, act_class)
     if plan.eager is not None and launch is not _launch_traceable and _uncaptured(x):
         _fused_instead_of_cublas(x)
-        plan = plan.eager  # the host bounds an uncaptured call: the fused kernel (kernels/launches.py)
+        plan = plan.eager  # the host bounds an uncaptured call: the fused kernel (kernels/plan/launches.py)
     cfg, save_z = plan.cfg, activation == SILU
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if cfg.backend == CUBLAS:
@@ -691,7 +691,7 @@ def linear_act_stack(
     data-parallel graph loop's bucketed all-reduces) fire layer by layer, as they do
     under torch.compile, which always sees the per-layer ops. Without gradients, a
     forward of at most 16 rows (serving) is one launch for all layers where each layer
-    fits a strip per program, eagerly and under capture (kernels/mlp_forward.py, which
+    fits a strip per program, eagerly and under capture (kernels/ops/mlp_forward.py, which
     says where it does not); its sums run in another order than the
     layer kernels', so its bits may differ from theirs in the last places."""
     if not (len(weights) == len(biases) == len(activations) > 0):
@@ -714,7 +714,7 @@ def linear_act_stack(
         x = _autocast_input(x)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights, *biases))
     if not grad:
-        from kernels import mlp_forward  # lazily: it imports this module
+        from kernels.ops import mlp_forward  # lazily: it imports this module
 
         if mlp_forward.usable(x, weights, biases):
             y = mlp_forward.fused_forward(x, weights, biases, codes)

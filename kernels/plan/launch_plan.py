@@ -1,4 +1,4 @@
-"""Launch planning for the fused linear + activation kernels (kernels/linear_act.py):
+"""Launch planning for the fused linear + activation kernels (kernels/ops/linear_act.py):
 what a kernel launch at a given shape runs with, worked out without running anything.
 
 - `LaunchConfig`: a kernel's tile (output rows x columns, reduction step, warps,
@@ -20,7 +20,7 @@ what a kernel launch at a given shape runs with, worked out without running anyt
   LOADBENCH_STRICT_FP32) and the activation codes the kernels take (ACTIVATIONS).
 
 Which configuration a process launches (committed table, per-user cache, first-use
-tuning or this module's heuristic) is decided in kernels/launches.py. This module
+tuning or this module's heuristic) is decided in kernels/plan/launches.py. This module
 imports neither of the others: both import it.
 """
 
@@ -36,7 +36,7 @@ import torch
 
 from kernels import env
 
-# The kernels' ACTIVATION codes (kernels/linear_act.py).
+# The kernels' ACTIVATION codes (kernels/ops/linear_act.py).
 ACTIVATIONS = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
 SILU = ACTIVATIONS["silu"]
 
@@ -316,7 +316,7 @@ class _Plan:
     m_per_split: int = 0  # dw: batch rows per slice
     sum_grid: tuple = ()  # dw with splits > 1: the partial-sum kernel's grid
     # A cuBLAS-route plan's fused alternative for calls no graph captures, where the host
-    # bounds the step (kernels/launches.py, "Eager calls"); None: the same plan always.
+    # bounds the step (kernels/plan/launches.py, "Eager calls"); None: the same plan always.
     eager: _Plan | None = None
 
     @property

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_plan import cdiv
+from kernels.plan.launch_plan import cdiv
 
 BLOCK = 2048  # elements per program: 278 programs for the 569k-parameter optimal MLP
 NUM_WARPS = 4
