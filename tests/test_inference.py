@@ -247,7 +247,7 @@ def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path,
     monkeypatch.setattr(mlp_forward, "ENABLED", fused)
     monkeypatch.setattr(mlp_forward, "LAUNCHES", {})
     gemv = launch_plan.LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
-    prec, f32 = launch_plan._precision(torch.float32), torch.float32
+    prec, f32 = launch_plan.precision_for(torch.float32), torch.float32
     configs = {
         launch_plan.shape_key("fwd", 1, n, k, f32, prec, cls): dataclasses.asdict(gemv)
         for n, k, cls in ((32, 75, "pointwise"), (32, 32, "pointwise"), (10, 32, "identity"))

@@ -212,7 +212,7 @@ def test_cuda_graph_capture_and_replay() -> None:
 @pytest.mark.parametrize("kernel", ["fwd", "dw", "dx"])
 def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
     from kernels.plan import launches
-    from bench.tools.tune import candidates
+    from kernels.plan.tuning import candidates
 
     torch.set_float32_matmul_precision("highest")
     x, w, b, dy = inputs(40, 75, 24, torch.float32)
@@ -245,10 +245,10 @@ def test_the_key_names_what_changes_the_measured_kernel(monkeypatch) -> None:
     keys = {}
     for mode in ("tf32x3", "ieee"):
         monkeypatch.setattr(plan, "STRICT_FP32", mode)
-        keys[mode] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan._precision(torch.float32), "pointwise")
+        keys[mode] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan.precision_for(torch.float32), "pointwise")
     torch.set_float32_matmul_precision("high")
     try:
-        keys["tf32"] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan._precision(torch.float32), "pointwise")
+        keys["tf32"] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan.precision_for(torch.float32), "pointwise")
     finally:
         torch.set_float32_matmul_precision("highest")
     assert len(set(keys.values())) == 3 and all(f":{mode}:" in key for mode, key in keys.items())
@@ -267,8 +267,8 @@ def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
 
 def test_tuning_runs_split_over_gpus_merge_into_one_table(tmp_path) -> None:
     from bench.tools.tune import main
-    from bench.tools.tune import read_measured
-    from bench.tools.tune import write_table
+    from kernels.plan.tuning import read_measured
+    from kernels.plan.tuning import write_table
 
     def entry(ms: float, block: int) -> dict:
         config = {"block_r": block, "block_c": 64, "block_red": 16, "num_warps": 4, "num_stages": 3, "group": 8}
@@ -297,7 +297,7 @@ def test_merging_a_file_that_is_not_a_launch_table_names_it(tmp_path, capsys) ->
 def test_a_first_use_cache_becomes_the_table_with_its_own_versions(tmp_path) -> None:
     from kernels.plan import launch_plan as plan
     from bench.tools.tune import main
-    from bench.tools.tune import read_measured
+    from kernels.plan.tuning import read_measured
     from kernels.plan.tuning_cache import TuningCache
     from kernels.plan.tuning_cache import cache_key
 
@@ -413,7 +413,7 @@ def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, activatio
     from kernels.plan import launch_plan as plan
 
     out = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}
-    prec, cls = plan._precision(dtype), plan.activation_class(activation)
+    prec, cls = plan.precision_for(dtype), plan.activation_class(activation)
     configs = {plan.shape_key(kn, *out[kn], dtype, prec, cls): dataclasses.asdict(c) for kn, c in routes.items()}
     model = torch.cuda.get_device_name() if CUDA else "cpu"  # the table's key: this device's model
     return {model: {"key_format": plan.KEY_FORMAT, "configs": configs}}
@@ -632,11 +632,11 @@ def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_pat
     import json
 
     from kernels.plan import launch_plan as plan
-    from bench.tools.tune import write_table
+    from kernels.plan.tuning import write_table
 
     torch.set_float32_matmul_precision("highest")
     f32, (m, k, n) = torch.float32, (70, 40, 36)
-    prec, cls = plan._precision(f32), plan.activation_class("silu")
+    prec, cls = plan.precision_for(f32), plan.activation_class("silu")
     entries = {
         plan.shape_key("fwd", m, n, k, f32, prec, cls): {"config": dataclasses.asdict(CUBLAS), "ms": 0.01},
         plan.shape_key("dw", n, k, m, f32, prec, cls): {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},

@@ -77,7 +77,7 @@ def refuse(*args, **kwargs):
 
 def key(kernel, rows, cols, red, act_class="pointwise", dtype=torch.float32):
     """The shape class at the current float32 precision."""
-    return launch_plan.shape_key(kernel, rows, cols, red, dtype, launch_plan._precision(dtype), act_class)
+    return launch_plan.shape_key(kernel, rows, cols, red, dtype, launch_plan.precision_for(dtype), act_class)
 
 
 def table(configs: dict) -> dict:
@@ -286,7 +286,7 @@ def test_tracing_never_tunes(tmp_path) -> None:
         # what the op's body asks while torch.compile traces it (through the interpreter
         # the body would go on to run its kernels on the fake tensors, so plan alone)
         x = mode.from_tensor(layer()[0])
-        plan = launches._plan("fwd", M, N, K, x, "tf32x3", "pointwise")
+        plan = launches.plan_for("fwd", M, N, K, x, "tf32x3", "pointwise")
     assert plan.cfg == launch_plan.heuristic_config(M, N, K, torch.float32) and not launches._PLANS  # asked again next call
     (entry,) = launches.launch_report()
     assert entry["source"] == "heuristic" and "torch.compile tracing" in entry["note"]
@@ -567,6 +567,7 @@ def test_precompile_does_nothing_under_the_interpreter() -> None:
 
 def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys) -> None:
     from bench.tools import tune
+    from kernels.plan import tuning
 
     assert tune.main(["--dry-run", "--experiments", "--sm-count", "132"]) == 0
     out = capsys.readouterr().out
@@ -574,7 +575,7 @@ def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys
     assert "fwd:bfloat16:ieee:silu:512:512:512" in out and "fwd:float32:tf32x3:identity:512:16:512" in out
     from bench.tools.bench_cells import experiment_pairs
 
-    result = tune.dry_run(tune.kernel_shapes(experiment_pairs(), [torch.float32, torch.bfloat16]), 132)
+    result = tuning.dry_run(tuning.kernel_shapes(experiment_pairs(), [torch.float32, torch.bfloat16]), 132)
     before, now = result["before"], result["now"]
     assert now["candidates"] < 0.8 * before["candidates"] and now["full"] < 0.3 * before["full"]
     assert now["executions"] < 0.4 * before["executions"] and now["compiles"] <= before["compiles"]
@@ -734,7 +735,7 @@ def test_fused_second_reads_only_a_cublas_winner() -> None:
 def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_path, monkeypatch) -> None:
     """bench.tools.tune writes a cuBLAS winner's fastest fused finalist into the table's
     evidence (not the other finalists); a run reading the table takes it eagerly."""
-    from bench.tools.tune import write_table
+    from kernels.plan.tuning import write_table
 
     cublas = {**CONFIG, "backend": "cublas"}
     fused = {**CONFIG, "block_c": 16}
@@ -757,7 +758,7 @@ def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_pat
 
 
 def test_a_fused_winner_keeps_no_eager_finalist_in_the_table() -> None:
-    from bench.tools.tune import evidence
+    from kernels.plan.tuning import evidence
 
     fused = {**CONFIG, "backend": "triton"}
     entry = {"config": fused, "ms": 0.01, "finalists": [fused, {**CONFIG, "backend": "cublas"}], "finalists_ms": [0.01, 0.011]}

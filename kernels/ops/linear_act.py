@@ -78,6 +78,10 @@ import triton.language as tl
 from torch.library import triton_op
 from torch.library import wrap_triton
 
+from kernels.ops import mlp_forward
+from kernels.ops.activations import LEAKY_SLOPE
+from kernels.ops.activations import activation
+from kernels.ops.activations import activation_grad
 from kernels.runtime import direct_launch
 from kernels.plan.launch_plan import ACTIVATIONS
 from kernels.plan.launch_plan import CUBLAS
@@ -86,63 +90,19 @@ from kernels.plan.launch_plan import GEMV
 from kernels.plan.launch_plan import GRAD_BLOCK
 from kernels.plan.launch_plan import SILU
 from kernels.plan.launch_plan import SUM_BLOCK
-from kernels.plan.launch_plan import _CLASS_OF
-from kernels.plan.launch_plan import _precision
+from kernels.plan.launch_plan import CLASS_OF
+from kernels.plan.launch_plan import precision_for
 from kernels.plan.launch_plan import cdiv
-from kernels.plan.launches import _plan
+from kernels.plan.launches import plan_for
 from kernels.plan.launches import use_launch_code
 
 # Re-exported for the op's callers: the strict-fp32 mode the kernels run (bench/plugin
-# reads it; to change it, set kernels.launch_plan.STRICT_FP32) and what ran (README).
+# reads it; to change it, set kernels.plan.launch_plan.STRICT_FP32) and what ran (README).
 from kernels.plan.launch_plan import STRICT_FP32  # noqa: F401
 from kernels.plan.launches import launch_report  # noqa: F401
 
-LEAKY_SLOPE = 0.01  # torch's default
-
 
 # ----------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _activation(z, ACTIVATION: tl.constexpr, slope):
-    if ACTIVATION == 1:
-        return tl.maximum(z, 0.0)
-    elif ACTIVATION == 2:
-        return tl.where(z > 0, z, z * slope)
-    elif ACTIVATION == 3:
-        return 2.0 * tl.sigmoid(2.0 * z) - 1.0  # tanh
-    elif ACTIVATION == 4:
-        return tl.sigmoid(z)
-    elif ACTIVATION == 5:
-        return z * tl.sigmoid(z)
-    else:
-        return z
-
-
-@triton.jit
-def _activation_grad(dy, saved, ACTIVATION: tl.constexpr, slope, one):
-    """dZ from dY and the saved output (or pre-activation, for silu), in fp32.
-
-    `one` is 1.0 passed at run time, not a literal, on purpose. In the weight-gradient
-    kernel dZ feeds both the GEMM and the bias sum, in two register layouts. Where its
-    formula holds only dY, the saved tile and literals, Triton recomputes it in the
-    GEMM's layout from a second read of both tiles instead of converting it; a kernel
-    argument in the formula (leaky_relu's slope, or `one`) keeps it computed once.
-    Recomputed, relu, tanh and sigmoid ran that kernel 40-50% slower than leaky_relu at
-    the same tile (fp32 512 x 512, H100) and spilled registers in bf16 (silu too)."""
-    if ACTIVATION == 1:
-        return tl.where(saved > 0, dy, 0.0 * one)
-    elif ACTIVATION == 2:
-        return tl.where(saved > 0, dy, dy * slope)
-    elif ACTIVATION == 3:
-        return dy * (one - saved * saved)
-    elif ACTIVATION == 4:
-        return dy * saved * (one - saved)
-    elif ACTIVATION == 5:
-        s = tl.sigmoid(saved)
-        return dy * s * (one + saved * (one - s))
-    else:
-        return dy
 
 
 @triton.jit
@@ -153,7 +113,7 @@ def _epilogue(
     """The forward's epilogue, while the accumulator is still fp32: bias, activation,
     Y stored in its dtype and, for silu, the pre-activation Z."""
     z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = _activation(z, ACTIVATION, slope)
+    y = activation(z, ACTIVATION, slope)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
     tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -256,7 +216,7 @@ def _input_grad_kernel(
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < n_left)
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
-        dz = _activation_grad(dy, saved, ACTIVATION, slope, one).to(dx_ptr.dtype.element_ty)
+        dz = activation_grad(dy, saved, ACTIVATION, slope, one).to(dx_ptr.dtype.element_ty)
         w = tl.load(w_ptrs, mask=(offs_n[:, None] < n_left) & (offs_k[None, :] < K), other=0.0)
         acc = tl.dot(dz, w.to(dx_ptr.dtype.element_ty), acc, input_precision=PRECISION)
         d_off += BLOCK_N * stride_dn
@@ -296,7 +256,7 @@ def _weight_grad_kernel(
         mask = (offs_n[:, None] < N) & (offs_m[None, :] < m_left)
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
-        dz = _activation_grad(dy, saved, ACTIVATION, slope, one)
+        dz = activation_grad(dy, saved, ACTIVATION, slope, one)
         part = tl.sum(dz, axis=1) - bias_lost
         total = bias + part
         bias_lost = (total - bias) - part
@@ -353,7 +313,7 @@ def _bias_act_kernel(
     z_off = offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn
     z = tl.load(z_ptr + z_off, mask=mask, other=0.0).to(tl.float32)
     z += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = _activation(z, ACTIVATION, slope)
+    y = activation(z, ACTIVATION, slope)
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask)
     if SAVE_Z:
         tl.store(z_ptr + z_off, z.to(z_ptr.dtype.element_ty), mask=mask)
@@ -377,7 +337,7 @@ def _act_grad_kernel(
         d_off = rows[:, None] * stride_dm + offs_n[None, :] * stride_dn
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
-        dz = _activation_grad(dy, saved, ACTIVATION, slope, 1.0)  # no GEMM here: a literal will do
+        dz = activation_grad(dy, saved, ACTIVATION, slope, 1.0)  # no GEMM here: a literal will do
         tl.store(dz_ptr + rows[:, None] * stride_zm + offs_n[None, :] * stride_zn, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         part = tl.sum(dz, axis=0) - bias_lost
         total = bias + part
@@ -431,7 +391,7 @@ def _forward(
     empty tensor, the eager path saves an allocation per layer)."""
     M, K = x.shape
     N = w.shape[0]
-    plan = _plan("fwd", M, N, K, x, precision, act_class)
+    plan = plan_for("fwd", M, N, K, x, precision, act_class)
     if plan.eager is not None and launch is not _launch_traceable and _uncaptured(x):
         _fused_instead_of_cublas(x)
         plan = plan.eager  # the host bounds an uncaptured call: the fused kernel (kernels/plan/launches.py)
@@ -475,8 +435,8 @@ def _backward(
     dy = dy.contiguous()
     M, K = x.shape
     N = w.shape[0]
-    dw_plan = _plan("dw", N, K, M, x, precision, act_class)
-    dx_plan = _plan("dx", M, K, N, x, precision, act_class) if input_grad else None
+    dw_plan = plan_for("dw", N, K, M, x, precision, act_class)
+    dx_plan = plan_for("dx", M, K, N, x, precision, act_class) if input_grad else None
     if launch is not _launch_traceable and (dw_plan.eager or (dx_plan and dx_plan.eager)) and _uncaptured(x):
         _fused_instead_of_cublas(x)
         dw_plan = dw_plan.eager or dw_plan
@@ -541,7 +501,7 @@ use_launch_code(_forward, _backward, _launch_direct)
 @triton_op("loadbench::linear_act_fwd", mutates_args={})
 def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
-    y, z = _forward(x, w, b, activation, _precision(x.dtype), _CLASS_OF[activation], _launch_traceable)
+    y, z = _forward(x, w, b, activation, precision_for(x.dtype), CLASS_OF[activation], _launch_traceable)
     return y, z if z is not None else x.new_empty((0, w.shape[0]))
 
 
@@ -550,8 +510,8 @@ def linear_act_bwd(
     dy: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, w: torch.Tensor, activation: int, input_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dX (empty unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
-    prec = _precision(x.dtype)
-    dx, dw, db = _backward(dy, saved, x, w, activation, input_grad, prec, _CLASS_OF[activation], _launch_traceable)
+    prec = precision_for(x.dtype)
+    dx, dw, db = _backward(dy, saved, x, w, activation, input_grad, prec, CLASS_OF[activation], _launch_traceable)
     return (dx if dx is not None else x.new_empty((0, x.shape[1]))), dw, db
 
 
@@ -584,7 +544,7 @@ class _EagerLinearAct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, activation):  # type: ignore[no-untyped-def]
-        prec, cls = _precision(x.dtype), _CLASS_OF[activation]
+        prec, cls = precision_for(x.dtype), CLASS_OF[activation]
         y, z = _forward(x, w, b, activation, prec, cls, _launch_direct)
         ctx.activation = activation
         ctx.save_for_backward(x, w, z if activation == SILU else y)
@@ -594,7 +554,7 @@ class _EagerLinearAct(torch.autograd.Function):
     def backward(ctx, dy):  # type: ignore[no-untyped-def]
         x, w, saved = ctx.saved_tensors
         act, want_dx = ctx.activation, ctx.needs_input_grad[0]
-        dx, dw, db = _backward(dy, saved, x, w, act, want_dx, _precision(x.dtype), _CLASS_OF[act], _launch_direct)
+        dx, dw, db = _backward(dy, saved, x, w, act, want_dx, precision_for(x.dtype), CLASS_OF[act], _launch_direct)
         return (dx if want_dx else None), dw, db, None
 
 
@@ -607,10 +567,10 @@ class _EagerStack(torch.autograd.Function):
     def forward(ctx, x, activations, *params):  # type: ignore[no-untyped-def]
         n = len(activations)
         weights, biases = params[:n], params[n:]
-        prec = _precision(x.dtype)
+        prec = precision_for(x.dtype)
         inputs, saved = [], []
         for w, b, act in zip(weights, biases, activations):
-            y, z = _forward(x, w, b, act, prec, _CLASS_OF[act], _launch_direct)
+            y, z = _forward(x, w, b, act, prec, CLASS_OF[act], _launch_direct)
             inputs.append(x)
             saved.append(z if act == SILU else y)
             x = y
@@ -624,13 +584,13 @@ class _EagerStack(torch.autograd.Function):
         n = len(acts)
         tensors = ctx.saved_tensors
         inputs, weights, saved = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-        prec = _precision(inputs[0].dtype)
+        prec = precision_for(inputs[0].dtype)
         dws: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         dbs: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         want_dx = ctx.needs_input_grad[0]
         for i in reversed(range(n)):
             dy, dws[i], dbs[i] = _backward(
-                dy, saved[i], inputs[i], weights[i], acts[i], i > 0 or want_dx, prec, _CLASS_OF[acts[i]], _launch_direct
+                dy, saved[i], inputs[i], weights[i], acts[i], i > 0 or want_dx, prec, CLASS_OF[acts[i]], _launch_direct
             )
         return (dy if want_dx else None), None, *dws, *dbs
 
@@ -714,8 +674,6 @@ def linear_act_stack(
         x = _autocast_input(x)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights, *biases))
     if not grad:
-        from kernels.ops import mlp_forward  # lazily: it imports this module
-
         if mlp_forward.usable(x, weights, biases):
             y = mlp_forward.fused_forward(x, weights, biases, codes)
             if y is not None:

@@ -66,8 +66,8 @@ import triton.language as tl
 
 from kernels.runtime import direct_launch
 from kernels import env
-from kernels.ops.linear_act import LEAKY_SLOPE
-from kernels.ops.linear_act import _activation
+from kernels.ops.activations import LEAKY_SLOPE
+from kernels.ops.activations import activation
 from kernels.plan.launch_plan import cdiv
 from kernels.plan.launch_plan import next_power_of_2
 
@@ -123,7 +123,7 @@ def _read(src, offs_m, offs_k, M, K, tag, PACKED: tl.constexpr):
 @triton.jit
 def _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION: tl.constexpr, PACKED: tl.constexpr):
     """act(acc + b) into rows of dst: Y in dst's dtype, or scratch words tagged `tag`."""
-    y = _activation(acc + b.to(tl.float32)[None, :], ACTIVATION, slope)
+    y = activation(acc + b.to(tl.float32)[None, :], ACTIVATION, slope)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out = offs_m[:, None] * N + offs_n[None, :]
     if PACKED:

@@ -4,7 +4,7 @@ table, the per-user cache, first-use tuning and the launch report
 
 Launch configurations come from `launch_config` / `launch_report`, resolved once per
 (kernel, shape, dtype, device) per process and then kept in a dict, so the eager hot
-path (`_plan`) does one dict lookup, not a table walk, a heuristic or an environment
+path (`plan_for`) does one dict lookup, not a table walk, a heuristic or an environment
 read per call. Where a configuration comes from ('source' in `launch_report()`), in
 order:
 
@@ -31,7 +31,7 @@ backward took 1.2-2 ms of Python against 0.1-0.8 ms of GPU work). There the cuBL
 costs about one more torch call per kernel than the fused kernel (the GEMM's own call,
 the transpose, dZ's buffer), and at width 2048 the eager step ran 0.70-0.81x eager
 torch's on it. So a kernel whose tuning picked the cuBLAS route keeps its fastest fused
-finalist as `_Plan.eager` where the GPU time that gives up is below what one torch call
+finalist as `Plan.eager` where the GPU time that gives up is below what one torch call
 costs this host (`host_call_ms`, measured once per process); calls that no CUDA graph
 captures launch that, graphs and torch.compile the tuned winner. The report names it
 ('eager'). The committed table keeps that finalist in its evidence (`bench.tools.tune`);
@@ -69,12 +69,12 @@ from kernels.plan.launch_plan import SILU
 from kernels.plan.launch_plan import TIMED_ACTIVATION
 from kernels.plan.launch_plan import TRITON
 from kernels.plan.launch_plan import LaunchConfig
-from kernels.plan.launch_plan import _CLASS_OF
-from kernels.plan.launch_plan import _make_plan
-from kernels.plan.launch_plan import _mnk
+from kernels.plan.launch_plan import CLASS_OF
+from kernels.plan.launch_plan import make_plan
+from kernels.plan.launch_plan import layer_mnk
 from kernels.plan.launch_plan import param_dtype
-from kernels.plan.launch_plan import _Plan
-from kernels.plan.launch_plan import _precision
+from kernels.plan.launch_plan import Plan
+from kernels.plan.launch_plan import precision_for
 from kernels.plan.launch_plan import activation_class
 from kernels.plan.launch_plan import check_route
 from kernels.plan.launch_plan import heuristic_config
@@ -91,7 +91,7 @@ TABLE_PATH = Path(__file__).resolve().parents[1] / "launch_table.json"  # the pa
 # The hot path: (kernel, rows, cols, reduction, dtype, device, precision, activation
 # class) -> plan. Only final answers go in (table, cache, tuned, or the heuristic
 # where nothing can be tuned).
-_PLANS: dict[tuple, _Plan] = {}
+_PLANS: dict[tuple, Plan] = {}
 # Set only by a tuner while it measures a candidate: the config every call then uses.
 _FORCED: dict[str, LaunchConfig] = {}
 
@@ -143,7 +143,7 @@ def fused_second(finalists: list[LaunchConfig], ms: list[float]) -> tuple[Launch
     return None
 
 
-class _Launches:
+class Launches:
     """Where this process's launch configurations come from: the mode, the committed
     table and the per-user cache (each read once), the tuner, and the report."""
 
@@ -282,7 +282,7 @@ class _Launches:
         """Compile every candidate at once, time each briefly, time the finalists
         properly, keep the fastest in the cache; one progress line."""
         gpu, key = self.model(device), shape_key(kernel, rows, cols, red, dtype, precision, act_class)
-        m, n, k = _mnk(kernel, rows, cols, red)
+        m, n, k = layer_mnk(kernel, rows, cols, red)
         activation = TIMED_ACTIVATION[act_class]
         cands = tuning_candidates(kernel, rows, cols, red, dtype, self.sm_count(device))
         seeds = self.seeds(gpu, kernel, rows, cols, red, dtype, precision, act_class)
@@ -387,15 +387,15 @@ class _Launches:
 
     # ------------------------------------------------------------------- plans
 
-    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> _Plan:
+    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> Plan:
         dtype, device = like.dtype, like.device
         busy = _why_not_now(like)
         cfg, source, note, final = self.resolve(kernel, rows, cols, red, dtype, device, busy, precision, act_class)
-        plan = _make_plan(kernel, rows, cols, red, cfg)
+        plan = make_plan(kernel, rows, cols, red, cfg)
         if cfg.backend == CUBLAS and busy is None:
             second = self.fused_second(device, shape_key(kernel, rows, cols, red, dtype, precision, act_class), source)
             if second is not None and second[1] < self.host_call_ms(device):
-                plan = dataclasses.replace(plan, eager=_make_plan(kernel, rows, cols, red, second[0]))
+                plan = dataclasses.replace(plan, eager=make_plan(kernel, rows, cols, red, second[0]))
         self.record(kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class)
         if final:
             _PLANS[(kernel, rows, cols, red, dtype, device, precision, act_class)] = plan
@@ -450,7 +450,7 @@ class _Launches:
             "dtype": str(dtype).removeprefix("torch."),
             "precision": precision,
             "activation": act_class,
-            "shape": list(_mnk(kernel, rows, cols, red)),  # M, N, K of the layer
+            "shape": list(layer_mnk(kernel, rows, cols, red)),  # M, N, K of the layer
             "device": self.model(device),
             "key": shape_key(kernel, rows, cols, red, dtype, precision, act_class),
             "source": source,
@@ -477,30 +477,30 @@ class _Launches:
         self.report[slot] = entry
 
 
-_STATE: _Launches | None = None
+_STATE: Launches | None = None
 
 
-def _state() -> _Launches:
+def _state() -> Launches:
     global _STATE
     if _STATE is None:
-        _STATE = _Launches()
+        _STATE = Launches()
     return _STATE
 
 
-def _plan(
+def plan_for(
     kernel: str, rows: int, cols: int, reduction: int, like: torch.Tensor, precision: str, act_class: str
-) -> _Plan:
+) -> Plan:
     """The launch plan for a call: a dict lookup after the first call of a shape."""
     if _FORCED:
         cfg = _FORCED.get(kernel)
         if cfg is not None:
-            return _make_plan(kernel, rows, cols, reduction, cfg)
+            return make_plan(kernel, rows, cols, reduction, cfg)
     try:
         return _PLANS[(kernel, rows, cols, reduction, like.dtype, like.device, precision, act_class)]
     except KeyError:
         return _state().plan(kernel, rows, cols, reduction, like, precision, act_class)
     except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) do not hash: plan per trace
-        return _make_plan(kernel, rows, cols, reduction, heuristic_config(rows, cols, reduction, like.dtype))
+        return make_plan(kernel, rows, cols, reduction, heuristic_config(rows, cols, reduction, like.dtype))
 
 
 def launch_config(
@@ -517,7 +517,7 @@ def launch_config(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    precision, act_class = _precision(dtype), activation_class(activation)
+    precision, act_class = precision_for(dtype), activation_class(activation)
     plan = _PLANS.get((kernel, rows, cols, reduction, dtype, device, precision, act_class))
     if plan is not None:
         return plan.cfg
@@ -548,11 +548,11 @@ def tuning_counts() -> dict[str, int]:
 
 def reset_launch_state(**overrides: Any) -> None:
     """Forget every plan and re-read LOADBENCH_TUNE, the table and the cache on next
-    use. Tests and tools pass `_Launches` arguments (mode, cache_dir, tables,
+    use. Tests and tools pass `Launches` arguments (mode, cache_dir, tables,
     measure, sm_count, prepare) to replace what the environment would give."""
     global _STATE
     _PLANS.clear()
-    _STATE = _Launches(**overrides) if overrides else None
+    _STATE = Launches(**overrides) if overrides else None
 
 
 # ------------------------------------------------------------ the op's launch code
@@ -571,7 +571,7 @@ def use_launch_code(forward: Callable[..., Any], backward: Callable[..., Any], l
     _OP_CODE = (forward, backward, launch)
 
 
-def _op_code() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., None]]:
+def op_code() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., None]]:
     if _OP_CODE is None:
         raise RuntimeError("kernels.launches: no launch code to time; import kernels.ops.linear_act first")
     return _OP_CODE
@@ -607,7 +607,7 @@ def replay_ms(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> f
 
 
 @contextlib.contextmanager
-def _forcing(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> Any:
+def forcing(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> Any:
     """Every call inside runs `cfg` for `kernel` and the heuristic's tile for the
     layer's other kernels, so nothing in it resolves or tunes (it may run inside a call
     of the op: first-use tuning); the forced tiles before it come back after."""
@@ -645,11 +645,11 @@ def time_launch(
     calls, replays = calls or default[0], replays or default[1]
     timer = timer or (lambda fn: replay_ms(fn, calls, replays))
     act = ACTIVATIONS[activation]
-    forward, backward, launch = _op_code()
+    forward, backward, launch = op_code()
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), _forcing(kernel, m, n, k, dtype, cfg):
+    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), forcing(kernel, m, n, k, dtype, cfg):
         x, w, b = _layer_tensors(m, n, k, dtype, device)
-        prec, cls = _precision(dtype), _CLASS_OF[act]
+        prec, cls = precision_for(dtype), CLASS_OF[act]
         y, z = forward(x, w, b, act, prec, cls, launch)
         saved = z if act == SILU else y
         dy = torch.randn_like(y)
@@ -685,8 +685,8 @@ def precompile(
     from kernels.runtime.compile_pool import processes_for
 
     act = ACTIVATIONS[activation]
-    forward, backward, _ = _op_code()
-    prec, cls = _precision(dtype), _CLASS_OF[act]
+    forward, backward, _ = op_code()
+    prec, cls = precision_for(dtype), CLASS_OF[act]
     workers = max(1, min(threads or COMPILE_THREADS, os.cpu_count() or 1, len(cfgs)))
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     pool = CompileExecutor(processes_for(None) if device.type == "cuda" else 0, workers)
@@ -700,7 +700,7 @@ def precompile(
         handed = 0
         with contextlib.suppress(Exception), compiling:
             for cfg in cfgs:
-                with _forcing(kernel, m, n, k, dtype, cfg):
+                with forcing(kernel, m, n, k, dtype, cfg):
                     if kernel == "fwd":
                         forward(x, w, b, act, prec, cls, _launch_warmup)
                     else:
