@@ -145,3 +145,14 @@ def test_compile_processes_from_the_environment(monkeypatch):
     assert compile_pool.processes_for(None) == 16
     monkeypatch.delattr(compile_pool.os, "fork")
     assert compile_pool.processes_for(None) == 0  # no fork (Windows): threads
+
+
+def test_with_the_shim_off_compiles_run_on_threads_and_nothing_is_forked(monkeypatch):
+    compile_pool.shutdown()
+    monkeypatch.setattr(compile_pool, "ENABLED", False)
+    monkeypatch.setenv("LOADBENCH_COMPILE_PROCESSES", "3")
+    assert compile_pool.processes_for(None) == 0
+    with compile_pool.CompileExecutor(processes=2, threads=1) as executor:
+        assert executor.processes == 0
+        assert executor.submit(split_sum_closure(64, body=lambda: "ran here")).result() == "ran here"
+    assert compile_pool._POOL is None

@@ -83,6 +83,7 @@ from kernels.ops.activations import LEAKY_SLOPE
 from kernels.ops.activations import activation
 from kernels.ops.activations import activation_grad
 from kernels.runtime import direct_launch
+from kernels.runtime.torch_internals import in_dispatch_mode
 from kernels.plan.launch_plan import ACTIVATIONS
 from kernels.plan.launch_plan import CUBLAS
 from kernels.plan.launch_plan import EPILOGUE_BLOCK
@@ -596,19 +597,13 @@ class _EagerStack(torch.autograd.Function):
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-try:  # a module flag torch keeps up to date on every mode's entry and exit (infra modes too)
-    from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
-except ImportError:  # pragma: no cover - older torch
-
-    def _in_dispatch_mode() -> bool:
-        return bool(torch._C._len_torch_dispatch_stack())
 
 
 def _eager(*tensors: torch.Tensor) -> bool:
     """Whether a call may skip the op: plain tensors, no torch.compile trace and no
     dispatch mode (fake tensors, make_fx, FlopCounter) that must see the op."""
     return (
-        all(type(t) in _PLAIN for t in tensors) and not torch.compiler.is_compiling() and not _in_dispatch_mode()
+        all(type(t) in _PLAIN for t in tensors) and not torch.compiler.is_compiling() and not in_dispatch_mode()
     )  # fmt: skip
 
 

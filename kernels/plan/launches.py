@@ -82,6 +82,7 @@ from kernels.plan.launch_plan import kernel_shapes
 from kernels.plan.launch_plan import shape_key
 from kernels.plan.launch_plan import tuning_candidates
 from kernels.plan.tuning_cache import TuningCache
+from kernels.runtime.torch_internals import is_fake
 
 # kernels/launch_table.json, written by `python -m bench.tools.tune` on each GPU model:
 # per GPU name, "key_format" (KEY_FORMAT) and "configs" keyed by `shape_key`, each a
@@ -123,8 +124,6 @@ def _stream_capturing(device: torch.device) -> bool:
 def _why_not_now(like: torch.Tensor) -> str | None:
     """Why no timing may run in this call, if none may: a graph being captured would
     record the tuner's launches, and a traced (fake) tensor has no data to time."""
-    from torch._subclasses.fake_tensor import is_fake
-
     if torch.compiler.is_compiling() or is_fake(like):
         return "torch.compile tracing"
     if _stream_capturing(like.device):
