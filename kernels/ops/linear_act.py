@@ -1,70 +1,18 @@
-"""Fused linear + bias + activation, forward and backward, as a torch op.
+"""Fused linear + bias + activation, forward and backward: Y = act(X @ W.T + b).
 
-    Y = act(X @ W.T + b)          X (M, K), W (N, K), b (N,), Y (M, N)
-
-Forward: one GEMM with bias and activation in its epilogue, the accumulator kept in
-fp32 until the final cast. Backward: two GEMMs whose prologue turns dY into
-dZ = dY * act'(.) on the fly, from the saved output (relu, leaky_relu, tanh,
-sigmoid) or the saved pre-activation (silu):
-
-    dX = dZ @ W        (M, K)   reduces over N
-    dW = dZ.T @ X      (N, K)   reduces over M; the K-column-0 programs also sum db
-
-Under autocast the parameters stay as they are (fp32 master weights): X arrives in
-bf16, the kernels load W in fp32 and round it to bf16 in registers, and write dW and
-db in fp32 straight from their fp32 accumulators. A bf16 step then has no weight casts
-and no gradient casts around the GEMMs (about 30 us of a 130 us bf16 step at 512 x 512
-on an H200 were those copies), and dW is not rounded to bf16 on its way to the
-optimizer. The cuBLAS route casts W for torch.mm, as autocast would.
-
-fp32 inputs follow torch's float32 matmul precision ('highest' is fp32, 'high' TF32),
-so 'fp32' means the same thing in both implementations; bf16 and fp16 use fp32
-accumulation. Strict fp32 runs one of two ways, chosen by LOADBENCH_STRICT_FP32:
-'tf32x3' (the default: each operand split into a TF32 part and a TF32 remainder, three
-tensor-core products) or 'ieee' (Triton's fp32 dot on the FMA units). On an H100,
-3xTF32 runs the 4096 x 2048 x 2048 GEMM at 1.4x cuBLAS SGEMM's speed, the IEEE dot at
-0.42x; 3xTF32's error against float64 stays within 1.5x of cuBLAS's on the MLP's
-shapes, the IEEE dot's input gradient does not (tests/test_kernels.py, GPU tests). It
-is not bit-for-bit IEEE.
-
-Four routes, chosen per kernel and shape by the launch configuration:
-
-- 'triton' (split_k = 1): the fused kernels above.
-- split-K, for dW only (split_k = S > 1): at batch 512 a 512 x 512 weight gradient
-  is about 128 output tiles, fewer than an H100's 132 SMs, each walking all 512 rows.
-  Then S programs per tile each reduce one slice of the batch into an fp32 workspace
-  [S, N*K + N] (dW and db partials), and a second small kernel sums the S partials
-  in the fixed order s = 0..S-1 (Kahan-compensated): no atomics, so the same inputs
-  give the same bits on every run.
-- 'cublas' ("cublas+epilogue"): torch.mm (cuBLAS) for the GEMM and a small Triton
-  kernel for what the fused kernel does around it: bias + activation after the
-  forward GEMM, dZ = act'(.) and the compensated db before the backward GEMMs. For
-  the shapes where cuBLAS's GEMM is measured faster than ours. Its plan may carry a
-  fused alternative for calls no CUDA graph captures, where the host, not the GPU,
-  bounds the step (kernels/plan/launches.py, "Eager calls").
-- 'gemv', forward only, at most 16 rows (serving): products on the FMA units, many
-  narrow programs, the same epilogue; one launch per layer where the cuBLAS route
-  takes two (a GEMV and the epilogue).
-
-Each launch's configuration (tile, split-K slices, route) comes from a plan per
-kernel and shape: kernels/plan/launch_plan.py works plans out (configurations, heuristic,
-tuning candidates, shape keys, split-K slices) and kernels/plan/launches.py picks one per
-shape, once per process (committed table, per-user cache, first-use tuning;
-`launch_report` says which), so a call's planning is one dict lookup.
-
-The ops are declared with `torch.library.triton_op`, so they run under torch.compile,
-inside CUDA-graph capture and, with TRITON_INTERPRET=1, on CPU tensors. An eager call of
-`linear_act` (no torch.compile trace, no dispatch mode) skips the op's dispatcher
-round trip: an autograd.Function runs the same launch code (on a 2-core CPU, with the
-launches stubbed out, about 40 us less per layer forward + backward), so the results
-are the same bits; its launches skip Triton's per-call binding after the first of each
-launch signature (kernels/runtime/direct_launch.py). `linear_act_stack` (what the MLP calls)
-runs a whole stack of layers as one such Function, and a gradient-free forward of a few
-rows in one launch (kernels/ops/mlp_forward.py).
-
-The structure follows Triton's matrix-multiplication tutorial (grouped program order,
-masked loads); the fused prologue, the bias-gradient reduction, split-K and the op
-wiring are ours.
+X (M, K), W (N, K), b (N,), Y (M, N). Backward turns dY into dZ = dY * act'(.) in
+the GEMMs' prologue, from the saved output (the saved pre-activation for silu).
+Under autocast W and b stay fp32 (master weights): X arrives in bf16, W is rounded in
+registers, dW and db are written in fp32. fp32 follows torch's float32 matmul
+precision; 'highest' runs LOADBENCH_STRICT_FP32's mode ('tf32x3' or 'ieee').
+Routes per kernel and shape, from kernels/plan/launches.py: 'triton' (the fused
+kernels), split-K for dW (deterministic partial sums), 'cublas' (torch.mm plus our
+epilogue/prologue kernel), 'gemv' (forward, at most 16 rows).
+Entry points: `linear_act` (one layer) and `linear_act_stack` (the MLP's layers; one
+autograd node eagerly, one launch for a gradient-free forward of a few rows through
+mlp_forward). The ops are torch.library triton_ops (torch.compile, CUDA-graph capture,
+TRITON_INTERPRET=1 on CPU); eager calls skip the dispatcher through an autograd.Function
+running the same launch code. Design notes and measurements: docs/results-kernels.md.
 """
 
 from __future__ import annotations

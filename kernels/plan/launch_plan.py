@@ -1,27 +1,13 @@
-"""Launch planning for the fused linear + activation kernels (kernels/ops/linear_act.py):
-what a kernel launch at a given shape runs with, worked out without running anything.
+"""Launch planning for the fused linear + activation kernels, without running anything.
 
-- `LaunchConfig`: a kernel's tile (output rows x columns, reduction step, warps,
-  stages, program group), its split-K slices (dW only) and its route ('triton';
-  'cublas': torch.mm plus our epilogue / prologue kernel; 'gemv', forward only: the
-  few-row kernel, for serving batches of at most GEMV_MAX_ROWS rows).
-- `heuristic_config`: the tile used where nothing was measured. `candidates` and
-  `tuning_candidates`: what tuning times for a shape (the tiles that fit the output,
-  split-K for weight gradients that leave SMs idle, the cuBLAS route), less what the
-  occupancy and reduction-step rules rule out.
-- `shape_key`: the shape class a measured tile holds for. Table and cache are keyed
-  by it: kernel, dtype, the dot's precision (the strict-fp32 mode or TF32), the
-  activation class (silu stores and re-reads its pre-activation; the others share
-  leaky_relu's tiles) and the shape class.
-- `make_plan`: a configuration made into what a launch needs besides the tensors:
-  the grid and, for split-K, the batch rows per slice (on reduction-step boundaries,
-  never an empty slice) and the partial-sum kernel's grid.
-- The dot's precision per dtype (`precision_for`: torch's float32 matmul precision and
-  LOADBENCH_STRICT_FP32) and the activation codes the kernels take (ACTIVATIONS).
-
-Which configuration a process launches (committed table, per-user cache, first-use
-tuning or this module's heuristic) is decided in kernels/plan/launches.py. This module
-imports neither of the others: both import it.
+`LaunchConfig` (tile, split-K slices, route: 'triton', 'cublas', 'gemv'),
+`heuristic_config` (the tile where nothing was measured), `candidates` and
+`tuning_candidates` (what tuning times for a shape), `shape_key` (the shape class a
+measured tile holds for: kernel, dtype, dot precision, activation class, shape),
+`make_plan` (a configuration made into a launch's grid and split-K slices), the dot's
+precision per dtype (`precision_for`) and the activation codes the kernels take
+(ACTIVATIONS, CLASS_OF). Which configuration a process launches is decided in
+kernels/plan/launches.py; this module imports neither it nor the ops.
 """
 
 from __future__ import annotations

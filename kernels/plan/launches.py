@@ -1,45 +1,17 @@
-"""Where the fused op's launch configurations come from, per process: the committed
-table, the per-user cache, first-use tuning and the launch report
-(kernels/ops/linear_act.py launches; kernels/plan/launch_plan.py plans).
+"""Where the fused op's launch configurations come from, per process.
 
-Launch configurations come from `launch_config` / `launch_report`, resolved once per
-(kernel, shape, dtype, device) per process and then kept in a dict, so the eager hot
-path (`plan_for`) does one dict lookup, not a table walk, a heuristic or an environment
-read per call. Where a configuration comes from ('source' in `launch_report()`), in
-order:
-
-1. 'table': kernels/launch_table.json, measured offline by `python -m bench.tools.tune`
-   per GPU model and shape class, committed (the table wins over the cache);
-2. 'cache': the per-user cache of tiles tuned on first use (kernels/plan/tuning_cache.py),
-   keyed by GPU model and the Triton and torch versions;
-3. 'tuned': on the first eager call of a shape class neither covers, the candidates
-   (split-K and the cuBLAS route included) are compiled at once (forked workers),
-   each is timed briefly from a CUDA graph, the few fastest are timed again properly
-   and the fastest of those is used and stored in the cache, with a progress line on
-   stderr (`bench.tools.tune --dry-run` counts what that costs);
-4. 'heuristic': `heuristic_config`, where nothing can be measured (CPU, the
-   interpreter), tuning is off, or the first call comes during CUDA-graph capture or
-   torch.compile tracing, where no timing may run: that call uses the heuristic, the
-   report says so, and the next eager call tunes.
-
-Table and cache are keyed by `launch_plan.shape_key`. LOADBENCH_TUNE=off|cache|always
-picks the policy (kernels/plan/tuning_cache.py).
-
-Eager calls. Tuning times kernels from CUDA graphs, GPU time alone; an eager step of
-the MLP is bound by the host instead (on the GPU hosts measured, an eager forward +
-backward took 1.2-2 ms of Python against 0.1-0.8 ms of GPU work). There the cuBLAS route
-costs about one more torch call per kernel than the fused kernel (the GEMM's own call,
-the transpose, dZ's buffer), and at width 2048 the eager step ran 0.70-0.81x eager
-torch's on it. So a kernel whose tuning picked the cuBLAS route keeps its fastest fused
-finalist as `Plan.eager` where the GPU time that gives up is below what one torch call
-costs this host (`host_call_ms`, measured once per process); calls that no CUDA graph
-captures launch that, graphs and torch.compile the tuned winner. The report names it
-('eager'). The committed table keeps that finalist in its evidence (`bench.tools.tune`);
-table entries written before it, and kernels first met during a capture, have none.
-
-Timing (`time_launch`) and compiling ahead (`precompile`) run the op's own launch code,
-which kernels/ops/linear_act.py hands over when it loads (`use_launch_code`): it imports
-this module for its plans, so this module does not import it.
+`plan_for` (the op's hot path, one dict lookup after a shape's first call),
+`launch_config` and `launch_report` resolve a configuration once per (kernel, shape,
+dtype, device, precision, activation class), from, in order: 'table'
+(kernels/launch_table.json, committed), 'cache' (the per-user cache,
+kernels/plan/tuning_cache.py), 'tuned' (first-use tuning: candidates compiled ahead,
+timed from CUDA graphs, the fastest stored in the cache) or 'heuristic' (nothing can be
+measured: CPU, the interpreter, tuning off, or a first call during capture or tracing).
+LOADBENCH_TUNE picks the policy. A kernel whose tuning picked the cuBLAS route keeps
+its fastest fused finalist for calls no CUDA graph captures ('eager'). Timing and
+compiling ahead run the op's own launch code, which kernels/ops/linear_act.py hands
+over when it loads (`use_launch_code`), so this module does not import the op.
+Design notes and measurements: docs/results-kernels.md.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ worker runs only Triton's compiler, never the parent's CUDA context, and leaves 
 os._exit; a worker that fails costs only time. A private-API shim: it reads the free
 variables `src`, `target`, `options` of JITFunction._do_compile's closure, only on the
 Triton versions of `versions.triton_internals_fit`; elsewhere, for closures it cannot
-read and without os.fork, compiles run on threads (the public path). Kept because it
-measurably pays on first-use tuning: 40.4 s against 47.6 s on threads for every shape
-of both dtypes on an H100 host (docs/results-h200.md; docs/results-kernels.md).
+read and without os.fork, compiles run on threads (the public path). Kept for
+first-use tuning (the figure: `ENABLED`; the design: docs/results-kernels.md).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from typing import Callable
 from kernels import env
 from kernels.runtime import versions
 
+# Pays: first-use tuning of both dtypes 40.4 s vs 47.6 s on threads, H100 host (docs/results-h200.md, "forked compile workers").
 # False: compiles run on threads only (tests switch it off to check that path).
 ENABLED = versions.triton_internals_fit(versions.installed_triton())
 _POOL: _Workers | None = None

@@ -9,9 +9,8 @@ constexpr and option, each tensor's dtype, device kind and 16-byte alignment, ea
 int's value), so a compiled kernel is never reused where Triton would compile another.
 A private-API shim: it runs only on CUDA, outside the interpreter, without a launch
 hook set, and on the Triton versions of `versions.triton_internals_fit`; everything
-else takes the public path every time. Kept because it measurably pays on the eager
-training path: 8-22% off an eager forward + backward of the MLP on an H100 with
-triton 3.6 (docs/results-h200.md, "Eager host cost"; docs/results-kernels.md).
+else takes the public path every time. Kept for eager training steps through the
+fused op (the figure: `ENABLED`; the design: docs/results-kernels.md).
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ try:
 except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another call form
     _knobs = _driver = None
 
+# Pays: 8-22% off an eager MLP forward + backward on H100, triton 3.6 (docs/results-h200.md, "Eager host cost").
 # False: every launch takes Triton's public path (tests switch it off to check that path).
 ENABLED = versions.triton_internals_fit(versions.installed_triton())
 
