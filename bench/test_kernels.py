@@ -3,8 +3,8 @@
 
 pytest-benchmark times the Triton implementation (graph replay on a GPU, eager on a
 CPU); extra_info holds every implementation's time in both modes, measured with
-triton.testing's do_bench / do_bench_cudagraph (kernels/bench_cells.py does the
-measuring, here and in `python -m kernels.bench_cells`), their TFLOP/s, the ratios,
+triton.testing's do_bench / do_bench_cudagraph (bench/tools/bench_cells.py does the
+measuring, here and in `python -m bench.tools.bench_cells`), their TFLOP/s, the ratios,
 and where each layer's tiles came from (`tile_sources`: table, cache, tuned,
 heuristic; `tile_routes`: split-K, cublas+epilogue; `tiles`: the launch report). The
 terminal summary names the losing cells: our speedup over the best baseline (the
@@ -63,7 +63,7 @@ class CellSummary:
         self.cuda = torch.cuda.is_available()
 
     def lines(self) -> list[str]:
-        from kernels.bench_cells import LOSING
+        from bench.tools.bench_cells import LOSING
 
         if not self.cuda:  # the interpreter's times say nothing about speed: name the cells only
             return [f"CPU: {len(self.records)} cell(s) ran through the Triton interpreter against eager torch: "
@@ -101,7 +101,7 @@ def _summary(config: pytest.Config) -> CellSummary:
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize(("batch", "width", "activation"), _grid(), ids=lambda v: str(v))
 def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, activation: str) -> None:
-    from kernels.bench_cells import measure_cell
+    from bench.tools.bench_cells import measure_cell
 
     session = request.config.pluginmanager.get_plugin("loadbench")
     device = session.options.device
@@ -140,8 +140,8 @@ def test_bare_gemm_against_cublas(benchmark, request, batch: int) -> None:
         pytest.skip("the cuBLAS comparison needs a GPU; the interpreter proves nothing about speed")
     from triton.testing import do_bench
 
-    from kernels.launches import launch_report
-    from kernels.linear_act import linear_act
+    from kernels.plan.launches import launch_report
+    from kernels.ops.linear_act import linear_act
 
     x = torch.randn(batch, 2048, device=device)
     w = torch.randn(2048, 2048, device=device)
@@ -170,14 +170,14 @@ def _serving_cells() -> list[object]:
 @pytest.mark.parametrize(("shape", "precision"), _serving_cells(), ids=lambda v: str(v))
 def test_batch1_forward(benchmark, request, shape: str, precision: str) -> None:
     """The serving forward at batch 1: our one launch for every layer
-    (kernels/mlp_forward.py) against our kernels layer by layer and eager torch's, on the
+    (kernels/ops/mlp_forward.py) against our kernels layer by layer and eager torch's, on the
     same weights. pytest-benchmark times a graph replay plus stream sync of the one launch
     (what a caller waits for; eager through the interpreter on a CPU); extra_info holds
     each implementation's GPU time per forward from do_bench_cudagraph (forwards back to
     back inside one graph, so it leaves out the gap between graph launches) and the
     ratios. The one launch must be taken and agree with torch."""
-    from kernels import mlp_forward
-    from kernels.bench_cells import time_ms
+    from kernels.ops import mlp_forward
+    from bench.tools.bench_cells import time_ms
 
     device = request.config.pluginmanager.get_plugin("loadbench").options.device
     cuda = device.type == "cuda"

@@ -26,13 +26,13 @@ class TrainConfig:
     activation: str = "leaky_relu"
     optimizer: str = "adam"
     epochs: int = 400  # the study's schedule
-    impl: str = "torch"  # 'triton': every Linear through kernels/linear_act.py; 'compile': torch.compile of the step
+    impl: str = "torch"  # 'triton': every Linear through kernels/ops/linear_act.py; 'compile': torch.compile of the step
     precision: str = "fp32"  # fp32 is strict IEEE (TF32 off)
     loop: str = "fast"
     seed: int = 42  # split, torch, numpy and random
     # 'triton': the parameters live in one flat buffer updated by one kernel per step
-    # (kernels/optim.py), and the loss and its gradient come from one kernel
-    # (kernels/cross_entropy.py); 'torch': torch.optim and F.cross_entropy
+    # (kernels/ops/optim.py), and the loss and its gradient come from one kernel
+    # (kernels/ops/cross_entropy.py); 'torch': torch.optim and F.cross_entropy
     optimizer_impl: str = "torch"
 
     def __post_init__(self) -> None:

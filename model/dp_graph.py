@@ -15,7 +15,7 @@ first layer's, small: 75 inputs) waits at the end.
 
 A step on every rank: zero the flat gradient, forward and backward on the rank's
 contiguous share of the global batch with the buckets' SUM all-reduces launched as
-they fill (kernels/optim.py's FlatOptimizer keeps every gradient as a view of the flat
+they fill (kernels/ops/optim.py's FlatOptimizer keeps every gradient as a view of the flat
 buffer), a wait for the last of them, then the optimizer's one kernel.
 LOADBENCH_DP_BUCKET_MB sets the bucket size (default 1 MiB: a bucket closes once it
 holds at least that much); 0 all-reduces the whole buffer once after the backward pass. Each rank's loss is its share's mean scaled by share / global
@@ -67,6 +67,7 @@ from model.train import GRAPH_LOOPS
 from model.train import autocast
 from model.train import make_optimizer
 from model.train import seed_everything
+from model.train import shuffled_epoch_total
 
 GRAPH_ENV = "LOADBENCH_DP_GRAPH"
 BUCKET_ENV = "LOADBENCH_DP_BUCKET_MB"
@@ -203,7 +204,7 @@ class FlatDataParallel:
         self.buckets = GradientBuckets(self.flat.grad, self.optimizer.spans(), bucket_cap_bytes())
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
         if config.optimizer_impl == "triton":
-            from kernels.cross_entropy import cross_entropy  # imported lazily: kernels/ needs triton
+            from kernels.ops.cross_entropy import cross_entropy  # imported lazily: kernels/ needs triton
 
             self.loss_fn = cross_entropy
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -247,14 +248,13 @@ class FlatDataParallel:
 
     def _eager_epoch(self) -> float:
         x_all, y_all = self.data.x_train, self.data.y_train
-        n, batch_size = len(y_all), self.config.batch_size
-        order = torch.randperm(n, device=self.device, generator=self.generator)
-        total = torch.zeros((), device=self.device)
-        for start in range(0, n, batch_size):
-            batch = order[start : start + batch_size]
+
+        def step_on(batch: torch.Tensor) -> torch.Tensor:
             local = self.share(batch)
-            total += self.step(x_all[local], y_all[local], len(batch))
-        return _global_mean(total, n)
+            return self.step(x_all[local], y_all[local], len(batch))
+
+        total = shuffled_epoch_total(len(y_all), self.config.batch_size, self.device, self.generator, step_on)
+        return _global_mean(total, len(y_all))
 
 
 class _GraphEpoch(GraphEpoch):

@@ -16,7 +16,7 @@ Triton compilation) on a side stream, puts parameters and optimizer state back
 as they were, then captures; so the trajectory matches the eager fast loop's.
 The optimizer's step must be capturable: its step count on the device, no host
 read (torch's capturable optimizers, the trainer's CapturableAdagrad,
-kernels/optim.py's FlatOptimizer). This module knows only the step function, the
+kernels/ops/optim.py's FlatOptimizer). This module knows only the step function, the
 model's parameters, the optimizer and the data.
 """
 

@@ -410,8 +410,8 @@ def forward_routes(batches: Sequence[int]) -> dict[str, list[str]]:
     launch reports (a shape served earlier in the process is listed too): per layer
     'M x N x K: route (source)', e.g. '512x512x512: triton (table)', and for a forward
     of a few rows in one launch 'one launch, 4 layers: 128 programs, tile 1x4x512'."""
-    from kernels import mlp_forward  # lazily: kernels/ needs triton
-    from kernels.launches import launch_report
+    from kernels.ops import mlp_forward  # lazily: kernels/ needs triton
+    from kernels.plan.launches import launch_report
 
     out: dict[str, list[str]] = {}
     for entry in launch_report():

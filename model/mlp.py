@@ -51,7 +51,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "triton":
-            from kernels.linear_act import linear_act_stack  # imported lazily: kernels/ needs triton
+            from kernels.ops.linear_act import linear_act_stack  # imported lazily: kernels/ needs triton
 
             layers = [*self.hidden, self.head]
             activations = [self.activation] * len(self.hidden) + ["identity"]

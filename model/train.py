@@ -17,8 +17,8 @@ partial batch kept as a smaller batch, as the study's DataLoader did):
 
 ``TrainConfig.optimizer_impl`` picks what runs around the layers in a step: 'torch'
 (torch.optim and F.cross_entropy) or 'triton' (the parameters in one flat buffer
-updated by one kernel, kernels/optim.py, and the loss and its gradient from one
-kernel, kernels/cross_entropy.py); the math is the same.
+updated by one kernel, kernels/ops/optim.py, and the loss and its gradient from one
+kernel, kernels/ops/cross_entropy.py); the math is the same.
 
 `Trainer` splits setup (model and optimizer), `fit` (the part a benchmark times) and
 `evaluate`, and reports each epoch through a callback so a harness can time and show
@@ -117,12 +117,12 @@ def make_optimizer(
     Returns the optimizer and how it runs ('fused', 'foreach' or 'default', with
     '+capturable' when its step can be captured in a CUDA graph), since fused and
     capturable support differ by optimizer, device and torch version. With ``impl``
-    'triton' it is kernels/optim.py's FlatOptimizer ('triton-flat+capturable'), which
+    'triton' it is kernels/ops/optim.py's FlatOptimizer ('triton-flat+capturable'), which
     turns `params` into views of its flat buffer.
     """
     cls, settings = OPTIMIZERS[name]
     if impl == "triton":
-        from kernels.optim import FlatOptimizer  # imported lazily: kernels/ needs triton
+        from kernels.ops.optim import FlatOptimizer  # imported lazily: kernels/ needs triton
 
         return FlatOptimizer(params, name, **settings), "triton-flat+capturable"
     if not fast:
@@ -187,6 +187,22 @@ def predict(model: torch.nn.Module, x: torch.Tensor, precision: str, batch: int 
     return predictions
 
 
+def shuffled_epoch_total(
+    n: int,
+    batch_size: int,
+    device: torch.device,
+    generator: torch.Generator,
+    step_on: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """One epoch over `n` samples in an order drawn on `device` from `generator`:
+    `step_on(index)` for each batch of indices in turn, and the sum of what it returns,
+    on the device (no host read)."""
+    order = torch.randperm(n, device=device, generator=generator)
+    total = torch.zeros((), device=device)
+    for start in range(0, n, batch_size):
+        total += step_on(order[start : start + batch_size])
+    return total
+
 @dataclass
 class TrainResult:
     config: TrainConfig
@@ -237,7 +253,7 @@ class Trainer:
             self._step = torch.compile(self._eager_step, dynamic=False)
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
         if config.optimizer_impl == "triton":
-            from kernels.cross_entropy import cross_entropy
+            from kernels.ops.cross_entropy import cross_entropy
 
             self.loss_fn = cross_entropy
         self.generator = torch.Generator(device=self.device if fast else "cpu").manual_seed(config.seed)
@@ -300,14 +316,12 @@ class Trainer:
 
     def _fast_epoch(self) -> float:
         x_all, y_all = self.data.x_train, self.data.y_train
-        n, batch = len(y_all), self.config.batch_size
-        order = torch.randperm(n, device=self.device, generator=self.generator)
-        total = torch.zeros((), device=self.device)
-        for start in range(0, n, batch):
-            index = order[start : start + batch]
-            x, y = x_all[index], y_all[index]
-            total += self.step(x, y) * len(index)
-        return float(total) / n  # the epoch's one host read
+
+        def step_on(index: torch.Tensor) -> torch.Tensor:
+            return self.step(x_all[index], y_all[index]) * len(index)
+
+        total = shuffled_epoch_total(len(y_all), self.config.batch_size, self.device, self.generator, step_on)
+        return float(total) / len(y_all)  # the epoch's one host read
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step; returns the batch's mean loss as a device tensor."""

@@ -1,4 +1,4 @@
-"""Compiling ahead in forked worker processes (kernels/compile_pool.py), on CPU: Triton
+"""Compiling ahead in forked worker processes (kernels/runtime/compile_pool.py), on CPU: Triton
 compiles for an sm_90 target without a GPU, so a worker's compile and the cache hit
 after it run here as they do on a GPU host. The suite runs Triton's interpreter
 (conftest.py), and a process that has imported Triton for its interpreter cannot
@@ -21,8 +21,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from kernels import compile_pool
-from kernels import linear_act
+from kernels.runtime import compile_pool
+from kernels.ops import linear_act
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = GPUTarget("cuda", 90, 32)
@@ -52,7 +52,7 @@ def cubins(directory):
 
 def test_a_triton_closure_becomes_a_task_a_worker_can_import():
     module, name, signature, constants, attrs, target, options = compile_pool.compile_task(split_sum_closure())
-    assert (module, name) == ("kernels.linear_act", "_split_sum_kernel")
+    assert (module, name) == ("kernels.ops.linear_act", "_split_sum_kernel")
     assert signature == SIGNATURE and list(constants.values()) == [128] and target == TARGET
     assert options == {"num_warps": 4, "num_stages": 1}
 
@@ -79,7 +79,7 @@ import json, os, sys, types
 from pathlib import Path
 sys.path[:0] = [os.environ["LOADBENCH_ROOT"], os.environ["LOADBENCH_TESTS"]]
 from test_compile_pool import split_sum_closure, cubins
-from kernels import compile_pool
+from kernels.runtime import compile_pool
 cache = Path(os.environ["TRITON_CACHE_DIR"])
 out = {}
 with compile_pool.CompileExecutor(processes=1, threads=1) as executor:
@@ -145,3 +145,14 @@ def test_compile_processes_from_the_environment(monkeypatch):
     assert compile_pool.processes_for(None) == 16
     monkeypatch.delattr(compile_pool.os, "fork")
     assert compile_pool.processes_for(None) == 0  # no fork (Windows): threads
+
+
+def test_with_the_shim_off_compiles_run_on_threads_and_nothing_is_forked(monkeypatch):
+    compile_pool.shutdown()
+    monkeypatch.setattr(compile_pool, "ENABLED", False)
+    monkeypatch.setenv("LOADBENCH_COMPILE_PROCESSES", "3")
+    assert compile_pool.processes_for(None) == 0
+    with compile_pool.CompileExecutor(processes=2, threads=1) as executor:
+        assert executor.processes == 0
+        assert executor.submit(split_sum_closure(64, body=lambda: "ran here")).result() == "ran here"
+    assert compile_pool._POOL is None

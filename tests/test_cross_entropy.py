@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cross_entropy as op
-from kernels.cross_entropy import cross_entropy
+from kernels.ops import cross_entropy as op
+from kernels.ops.cross_entropy import cross_entropy
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -1,4 +1,4 @@
-"""kernels/direct_launch.py: Triton's binding once per launch signature, then the
+"""kernels/runtime/direct_launch.py: Triton's binding once per launch signature, then the
 compiled kernel's launcher. On a CPU with a stand-in kernel (the interpreter has no
 compiled kernels); the GPU test runs the fused op both ways."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import direct_launch
+from kernels.runtime import direct_launch
+from kernels.runtime import versions
 
 CUDA = torch.cuda.is_available()
 
@@ -151,7 +152,7 @@ def test_a_kernel_missing_an_argument_is_not_cached(stand_in) -> None:
 
 @pytest.mark.skipif(CUDA, reason="the interpreter's path")
 def test_under_the_interpreter_nothing_is_cached() -> None:
-    from kernels.linear_act import linear_act
+    from kernels.ops.linear_act import linear_act
 
     direct_launch.clear()
     x, w, b = torch.randn(8, 5), torch.randn(6, 5, requires_grad=True), torch.randn(6)
@@ -164,7 +165,7 @@ def test_under_the_interpreter_nothing_is_cached() -> None:
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_direct_launches_give_triton_s_bits(dtype) -> None:
-    from kernels.linear_act import linear_act
+    from kernels.ops.linear_act import linear_act
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(300, 75, device="cuda", generator=g).to(dtype)
@@ -183,3 +184,70 @@ def test_direct_launches_give_triton_s_bits(dtype) -> None:
     again = once()  # the direct path
     for a, c in zip(first, again):
         assert torch.equal(a, c)
+
+
+# ------------------------------------------------- the version gate and the public path
+
+
+@pytest.mark.parametrize(
+    ("text", "version"), [("3.6.0", (3, 6)), ("3.9.0+git1a2b3c", (3, 9)), ("2.13.0+cpu", (2, 13)), ("dev", (0, 0))]
+)
+def test_a_version_string_becomes_major_and_minor(text, version) -> None:
+    assert versions.version_tuple(text) == version
+
+
+def test_the_triton_shims_run_on_the_oldest_and_newest_triton_supported_only() -> None:
+    assert versions.triton_internals_fit((3, 6))  # the GPU hosts'
+    assert versions.triton_internals_fit((3, 9))  # this repository's CPU tests'
+    assert versions.triton_internals_fit(versions.TRITON_OLDEST) and versions.triton_internals_fit(versions.TRITON_NEWEST)
+    assert not versions.triton_internals_fit((3, 3))
+    assert not versions.triton_internals_fit((3, 10))
+    assert not versions.triton_internals_fit((4, 0))
+
+
+def test_torch_s_private_checks_run_on_the_torch_versions_they_were_made_for_only() -> None:
+    assert versions.torch_internals_fit((2, 11)) and versions.torch_internals_fit((2, 13))
+    assert not versions.torch_internals_fit((2, 0)) and not versions.torch_internals_fit((2, 14))
+
+
+def test_with_the_shim_off_every_launch_takes_triton_s_path(monkeypatch) -> None:
+    direct_launch.clear()
+    monkeypatch.setattr(direct_launch, "ENABLED", False)
+    monkeypatch.setattr(direct_launch, "_driver", Driver)
+    kernel = Kernel()
+    x = torch.zeros(4)
+    for _ in range(3):
+        direct_launch.launch(kernel, (1,), x, 4, BLOCK=16)
+    assert [call[0] for call in kernel.calls] == ["triton"] * 3
+    assert direct_launch.cached_signatures() == 0
+    direct_launch.clear()
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's path")
+def test_with_every_shim_off_the_op_gives_torch_s_results_through_public_apis(monkeypatch) -> None:
+    from kernels.ops import linear_act as op
+    from kernels.runtime import torch_internals
+
+    monkeypatch.setattr(direct_launch, "ENABLED", False)
+    monkeypatch.setattr(op, "in_dispatch_mode", torch_internals._public_in_dispatch_mode)  # the op path
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 5, generator=g)
+    w = torch.randn(6, 5, generator=g, requires_grad=True)
+    b = torch.randn(6, generator=g, requires_grad=True)
+    op.linear_act(x, w, b, "tanh").sum().backward()
+    w2, b2 = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    torch.tanh(torch.nn.functional.linear(x, w2, b2)).sum().backward()
+    assert torch.allclose(w.grad, w2.grad, atol=1e-5) and torch.allclose(b.grad, b2.grad, atol=1e-5)
+
+
+def test_the_public_fallbacks_of_torch_s_private_checks_err_on_the_safe_side() -> None:
+    from kernels.runtime import torch_internals
+
+    assert torch_internals._public_in_dispatch_mode()  # always the registered op, which every mode sees
+    assert not torch_internals._public_is_fake(torch.zeros(1))
+    assert not torch_internals._public_is_fake(torch.nn.Parameter(torch.zeros(1)))
+
+    class Traced(torch.Tensor):
+        pass
+
+    assert torch_internals._public_is_fake(torch.zeros(1).as_subclass(Traced))  # not timed: the heuristic tile

@@ -26,7 +26,7 @@ from bench.plugin.compare import RECORD_KEY
 from bench.tools.merge import MergeError
 from bench.tools.merge import merge_runs
 from bench.tools.report import build_report
-from kernels.optim import FlatOptimizer
+from kernels.ops.optim import FlatOptimizer
 from model import distributed
 from model.config import TrainConfig
 from model.data import load_dataset

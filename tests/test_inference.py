@@ -270,15 +270,15 @@ def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path,
     each layer, on the interpreter; the same accuracy either way."""
     import dataclasses
 
-    from kernels import launch_plan
-    from kernels import launches
-    from kernels import mlp_forward
+    from kernels.plan import launch_plan
+    from kernels.plan import launches
+    from kernels.ops import mlp_forward
 
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(mlp_forward, "ENABLED", fused)
     monkeypatch.setattr(mlp_forward, "LAUNCHES", {})
     gemv = launch_plan.LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
-    prec, f32 = launch_plan._precision(torch.float32), torch.float32
+    prec, f32 = launch_plan.precision_for(torch.float32), torch.float32
     configs = {
         launch_plan.shape_key("fwd", 1, n, k, f32, prec, cls): dataclasses.asdict(gemv)
         for n, k, cls in ((32, 75, "pointwise"), (32, 32, "pointwise"), (10, 32, "identity"))

@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from kernels.launch_plan import ACTIVATIONS
-from kernels.launch_plan import LaunchConfig
-from kernels.launches import launch_config
-from kernels.linear_act import linear_act
+from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import LaunchConfig
+from kernels.plan.launches import launch_config
+from kernels.ops.linear_act import linear_act
 from model.mlp import MLP
 
 CUDA = torch.cuda.is_available()
@@ -162,7 +162,7 @@ def test_bf16_and_tf32_tolerances(activation) -> None:
 def test_strict_fp32_modes_against_float64(monkeypatch, mode, shape) -> None:
     """Both strict-fp32 paths, no absolute floor: the 1.5x bound against cuBLAS's IEEE
     error alone decides whether a mode may stand for 'fp32'."""
-    from kernels import launch_plan
+    from kernels.plan import launch_plan
 
     monkeypatch.setattr(launch_plan, "STRICT_FP32", mode)
     torch.set_float32_matmul_precision("highest")
@@ -170,7 +170,7 @@ def test_strict_fp32_modes_against_float64(monkeypatch, mode, shape) -> None:
 
 
 def test_strict_fp32_choice_is_checked() -> None:
-    from kernels.launch_plan import strict_fp32_from_env
+    from kernels.plan.launch_plan import strict_fp32_from_env
 
     assert strict_fp32_from_env(None) == "tf32x3" and strict_fp32_from_env("ieee") == "ieee"
     with pytest.raises(ValueError, match="LOADBENCH_STRICT_FP32='tf32x2': use one of ieee, tf32x3"):
@@ -211,8 +211,8 @@ def test_cuda_graph_capture_and_replay() -> None:
 
 @pytest.mark.parametrize("kernel", ["fwd", "dw", "dx"])
 def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
-    from kernels import launches
-    from kernels.tune import candidates
+    from kernels.plan import launches
+    from kernels.plan.tuning import candidates
 
     torch.set_float32_matmul_precision("highest")
     x, w, b, dy = inputs(40, 75, 24, torch.float32)
@@ -230,7 +230,7 @@ def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
 
 
 def test_shape_classes_round_up_to_powers_of_two() -> None:
-    from kernels.launch_plan import shape_key
+    from kernels.plan.launch_plan import shape_key
 
     assert shape_key("fwd", 512, 10, 2048, torch.float32, "tf32x3", "identity") == "fwd:float32:tf32x3:identity:512:16:2048"
     assert shape_key("dw", 2048, 75, 64, torch.bfloat16, "ieee", "silu") == "dw:bfloat16:ieee:silu:2048:128:64"
@@ -239,16 +239,16 @@ def test_shape_classes_round_up_to_powers_of_two() -> None:
 def test_the_key_names_what_changes_the_measured_kernel(monkeypatch) -> None:
     """The strict-fp32 mode and TF32 run different dots; silu stores and re-reads its
     pre-activation; relu, tanh and sigmoid share leaky_relu's class."""
-    from kernels import launch_plan as plan
+    from kernels.plan import launch_plan as plan
 
     torch.set_float32_matmul_precision("highest")
     keys = {}
     for mode in ("tf32x3", "ieee"):
         monkeypatch.setattr(plan, "STRICT_FP32", mode)
-        keys[mode] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan._precision(torch.float32), "pointwise")
+        keys[mode] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan.precision_for(torch.float32), "pointwise")
     torch.set_float32_matmul_precision("high")
     try:
-        keys["tf32"] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan._precision(torch.float32), "pointwise")
+        keys["tf32"] = plan.shape_key("fwd", 64, 64, 64, torch.float32, plan.precision_for(torch.float32), "pointwise")
     finally:
         torch.set_float32_matmul_precision("highest")
     assert len(set(keys.values())) == 3 and all(f":{mode}:" in key for mode, key in keys.items())
@@ -259,16 +259,16 @@ def test_the_key_names_what_changes_the_measured_kernel(monkeypatch) -> None:
 def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
     if CUDA:
         pytest.skip("checks the no-GPU message")
-    from kernels.tune import main
+    from bench.tools.tune import main
 
     assert main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_tuning_runs_split_over_gpus_merge_into_one_table(tmp_path) -> None:
-    from kernels.tune import main
-    from kernels.tune import read_measured
-    from kernels.tune import write_table
+    from bench.tools.tune import main
+    from kernels.plan.tuning import read_measured
+    from kernels.plan.tuning import write_table
 
     def entry(ms: float, block: int) -> dict:
         config = {"block_r": block, "block_c": 64, "block_red": 16, "num_warps": 4, "num_stages": 3, "group": 8}
@@ -284,7 +284,7 @@ def test_tuning_runs_split_over_gpus_merge_into_one_table(tmp_path) -> None:
 
 
 def test_merging_a_file_that_is_not_a_launch_table_names_it(tmp_path, capsys) -> None:
-    from kernels.tune import main
+    from bench.tools.tune import main
 
     bad = tmp_path / "notes.json"
     bad.write_text('{"GPU X": {"configs": {"fwd:float32:16:16": {}}}}')
@@ -295,11 +295,11 @@ def test_merging_a_file_that_is_not_a_launch_table_names_it(tmp_path, capsys) ->
 
 
 def test_a_first_use_cache_becomes_the_table_with_its_own_versions(tmp_path) -> None:
-    from kernels import launch_plan as plan
-    from kernels.tune import main
-    from kernels.tune import read_measured
-    from kernels.tuning_cache import TuningCache
-    from kernels.tuning_cache import cache_key
+    from kernels.plan import launch_plan as plan
+    from bench.tools.tune import main
+    from kernels.plan.tuning import read_measured
+    from kernels.plan.tuning_cache import TuningCache
+    from kernels.plan.tuning_cache import cache_key
 
     config = {"block_r": 16, "block_c": 64, "block_red": 32, "num_warps": 4, "num_stages": 3, "group": 8,
               "split_k": 4, "backend": "triton"}  # fmt: skip
@@ -322,7 +322,7 @@ def test_a_first_use_cache_becomes_the_table_with_its_own_versions(tmp_path) -> 
     ['{"format": 1}', '{"groups": {"GPU Y": {}}}', '{"groups": {"GPU Y | triton 3 | torch 2": {"k": {"ms": 1}}}}', "{oops"],
 )
 def test_a_file_that_is_not_a_tuning_cache_is_named_and_nothing_written(tmp_path, capsys, content) -> None:
-    from kernels.tune import main
+    from bench.tools.tune import main
 
     bad = tmp_path / "cache.json"
     bad.write_text(content)
@@ -352,7 +352,7 @@ def test_bias_gradient_over_a_long_batch_is_as_accurate_as_torch() -> None:
 def launches(tmp_path, monkeypatch):
     """A clean launch state (own cache directory) for tests that set tables or force
     tiles, and the default state back afterwards."""
-    from kernels import launches
+    from kernels.plan import launches
 
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
     launches.reset_launch_state()
@@ -410,10 +410,10 @@ def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launche
 
 def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, activation: str, dtype=torch.float32) -> dict:
     """A committed-table stand-in for this device, one entry per kernel of the layer."""
-    from kernels import launch_plan as plan
+    from kernels.plan import launch_plan as plan
 
     out = {"fwd": (m, n, k), "dw": (n, k, m), "dx": (m, k, n)}
-    prec, cls = plan._precision(dtype), plan.activation_class(activation)
+    prec, cls = plan.precision_for(dtype), plan.activation_class(activation)
     configs = {plan.shape_key(kn, *out[kn], dtype, prec, cls): dataclasses.asdict(c) for kn, c in routes.items()}
     model = torch.cuda.get_device_name() if CUDA else "cpu"  # the table's key: this device's model
     return {model: {"key_format": plan.KEY_FORMAT, "configs": configs}}
@@ -593,8 +593,8 @@ def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalis
     captured from the same code after a warm-up the cuBLAS route (the GPU-time
     winner), whose handles the eager calls made ready (none may be created inside a
     capture), and both give the same answer."""
-    from kernels import launch_plan as plan
-    from kernels import linear_act as op
+    from kernels.plan import launch_plan as plan
+    from kernels.ops import linear_act as op
 
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
         rows_cols_red = {kn: shape for kn, *shape in plan.kernel_shapes(m, n, k)}[kernel]
@@ -627,16 +627,16 @@ def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalis
 
 
 def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_path) -> None:
-    """kernels.tune writes the tuned entries, split-K and the cuBLAS route included, in
+    """bench.tools.tune writes the tuned entries, split-K and the cuBLAS route included, in
     key format 2; a run reads them back as the table and launches those routes."""
     import json
 
-    from kernels import launch_plan as plan
-    from kernels.tune import write_table
+    from kernels.plan import launch_plan as plan
+    from kernels.plan.tuning import write_table
 
     torch.set_float32_matmul_precision("highest")
     f32, (m, k, n) = torch.float32, (70, 40, 36)
-    prec, cls = plan._precision(f32), plan.activation_class("silu")
+    prec, cls = plan.precision_for(f32), plan.activation_class("silu")
     entries = {
         plan.shape_key("fwd", m, n, k, f32, prec, cls): {"config": dataclasses.asdict(CUBLAS), "ms": 0.01},
         plan.shape_key("dw", n, k, m, f32, prec, cls): {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},
@@ -667,7 +667,7 @@ def test_the_stack_gives_the_per_layer_bits_in_one_autograd_node(launches, low, 
     """`linear_act_stack` (what MLP(impl='triton') calls) against `linear_act` layer by
     layer: the same launches, so the same bits, forward and every gradient; eagerly the
     stack is one backward node. fp16 autocast on a CPU (the interpreter has no bf16 dot)."""
-    from kernels.linear_act import linear_act_stack
+    from kernels.ops.linear_act import linear_act_stack
 
     torch.set_float32_matmul_precision("highest")
     launches.reset_launch_state(mode="off")
@@ -694,7 +694,7 @@ def test_the_stack_gives_the_per_layer_bits_in_one_autograd_node(launches, low, 
 
 
 def test_the_stack_says_which_layer_does_not_fit() -> None:
-    from kernels.linear_act import linear_act_stack
+    from kernels.ops.linear_act import linear_act_stack
 
     ws, bs = _stack_params([75, 40, 10])
     x = torch.randn(5, 75, device=DEVICE)
@@ -710,7 +710,7 @@ def test_under_a_dispatch_mode_the_stack_runs_the_ops_layer_by_layer(launches) -
     """A dispatch mode (FlopCounter, make_fx) must see the op of every layer."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from kernels.linear_act import linear_act_stack
+    from kernels.ops.linear_act import linear_act_stack
 
     class Seen(TorchDispatchMode):
         ops: list = []

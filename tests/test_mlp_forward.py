@@ -1,4 +1,4 @@
-"""kernels/mlp_forward.py: the whole few-row forward in one launch. On a CPU through
+"""kernels/ops/mlp_forward.py: the whole few-row forward in one launch. On a CPU through
 Triton's interpreter (one program, so the grid barriers pass at once); on a GPU with a
 program per SM, from a CUDA graph too."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import mlp_forward
-from kernels.linear_act import linear_act_stack
+from kernels.ops import mlp_forward
+from kernels.ops.linear_act import linear_act_stack
 from model.mlp import _TORCH_ACTIVATIONS
 
 CUDA = torch.cuda.is_available()

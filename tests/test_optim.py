@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.optim import FlatOptimizer
+from kernels.ops.optim import FlatOptimizer
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.mlp import MLP

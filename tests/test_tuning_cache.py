@@ -1,5 +1,5 @@
-"""The per-user tuning cache and the policy that fills it (kernels/tuning_cache.py,
-kernels/launches.py and kernels/launch_plan.py), on CPU.
+"""The per-user tuning cache and the policy that fills it (kernels/plan/tuning_cache.py,
+kernels/plan/launches.py and kernels/plan/launch_plan.py), on CPU.
 
 Nothing here times anything: tuning is driven by a stand-in `measure` that returns
 chosen numbers, so the tests check what is kept, where it comes from and when tuning
@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import launch_plan
-from kernels import launches
-from kernels import linear_act as op
-from kernels import tuning_cache
-from kernels.launch_plan import LaunchConfig
-from kernels.linear_act import linear_act
-from kernels.tuning_cache import TuningCache
-from kernels.tuning_cache import cache_dir
-from kernels.tuning_cache import cache_key
-from kernels.tuning_cache import tune_mode_from_env
+from kernels.plan import launch_plan
+from kernels.plan import launches
+from kernels.ops import linear_act as op
+from kernels.plan import tuning_cache
+from kernels.plan.launch_plan import LaunchConfig
+from kernels.ops.linear_act import linear_act
+from kernels.plan.tuning_cache import TuningCache
+from kernels.plan.tuning_cache import cache_dir
+from kernels.plan.tuning_cache import cache_key
+from kernels.plan.tuning_cache import tune_mode_from_env
 
 M, N, K = 40, 24, 32  # one small layer: the interpreter is slow
 CONFIG = {"block_r": 16, "block_c": 32, "block_red": 16, "num_warps": 4, "num_stages": 3}
@@ -77,7 +77,7 @@ def refuse(*args, **kwargs):
 
 def key(kernel, rows, cols, red, act_class="pointwise", dtype=torch.float32):
     """The shape class at the current float32 precision."""
-    return launch_plan.shape_key(kernel, rows, cols, red, dtype, launch_plan._precision(dtype), act_class)
+    return launch_plan.shape_key(kernel, rows, cols, red, dtype, launch_plan.precision_for(dtype), act_class)
 
 
 def table(configs: dict) -> dict:
@@ -286,7 +286,7 @@ def test_tracing_never_tunes(tmp_path) -> None:
         # what the op's body asks while torch.compile traces it (through the interpreter
         # the body would go on to run its kernels on the fake tensors, so plan alone)
         x = mode.from_tensor(layer()[0])
-        plan = launches._plan("fwd", M, N, K, x, "tf32x3", "pointwise")
+        plan = launches.plan_for("fwd", M, N, K, x, "tf32x3", "pointwise")
     assert plan.cfg == launch_plan.heuristic_config(M, N, K, torch.float32) and not launches._PLANS  # asked again next call
     (entry,) = launches.launch_report()
     assert entry["source"] == "heuristic" and "torch.compile tracing" in entry["note"]
@@ -362,7 +362,7 @@ def test_gemv_configs_are_checked() -> None:
 def test_experiment_shapes_match_the_suite() -> None:
     """kernels/ may not import bench/: bench_cells keeps its own copy of the axes."""
     from bench.cases import EXPERIMENTS
-    from kernels import bench_cells
+    from bench.tools import bench_cells
     from model.config import TrainConfig
 
     assert tuple(EXPERIMENTS["batch"][1]) == bench_cells.BATCHES
@@ -374,7 +374,7 @@ def test_experiment_shapes_match_the_suite() -> None:
 def test_eager_times_come_from_interleaved_rounds(monkeypatch) -> None:
     """Each round takes every implementation in turn; each gets its median round, and a
     baseline failing part-way is recorded without a time (planted timer, a stand-in GPU)."""
-    from kernels import bench_cells
+    from bench.tools import bench_cells
 
     order, planted = [], {"torch": iter([5.0, 1.0, 3.0, 2.0, 4.0]), "triton": iter([9.0, 7.0, 8.0, 6.0, 10.0])}
 
@@ -397,7 +397,7 @@ def test_eager_times_come_from_interleaved_rounds(monkeypatch) -> None:
 
 
 def test_the_cell_list_measures_each_cell_once_losing_cells_first() -> None:
-    from kernels import bench_cells
+    from bench.tools import bench_cells
 
     cells = bench_cells.cell_list(bench_cells.BATCHES, bench_cells.WIDTHS, bench_cells.PRECISIONS, bench_cells.ACTIVATIONS)
     assert len(cells) == len(set(cells)) == 2 * (4 * 5 + 4)
@@ -566,15 +566,16 @@ def test_precompile_does_nothing_under_the_interpreter() -> None:
 
 
 def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys) -> None:
-    from kernels import tune
+    from bench.tools import tune
+    from kernels.plan import tuning
 
     assert tune.main(["--dry-run", "--experiments", "--sm-count", "132"]) == 0
     out = capsys.readouterr().out
     assert "8 batch x width pairs" in out and "distinct Triton compilations" in out
     assert "fwd:bfloat16:ieee:silu:512:512:512" in out and "fwd:float32:tf32x3:identity:512:16:512" in out
-    from kernels.bench_cells import experiment_pairs
+    from bench.tools.bench_cells import experiment_pairs
 
-    result = tune.dry_run(tune.kernel_shapes(experiment_pairs(), [torch.float32, torch.bfloat16]), 132)
+    result = tuning.dry_run(tuning.kernel_shapes(experiment_pairs(), [torch.float32, torch.bfloat16]), 132)
     before, now = result["before"], result["now"]
     assert now["candidates"] < 0.8 * before["candidates"] and now["full"] < 0.3 * before["full"]
     assert now["executions"] < 0.4 * before["executions"] and now["compiles"] <= before["compiles"]
@@ -626,7 +627,7 @@ def test_the_eager_path_steps_aside_for_dispatch_modes_and_fake_tensors() -> Non
 
 def test_bench_cells_tune_only_reports_the_tuning_phase_and_no_cells(tmp_path, capsys) -> None:
     """The one-time cost alone (--tune-only), here through the interpreter on the CPU."""
-    from kernels import bench_cells
+    from bench.tools import bench_cells
 
     out = tmp_path / "cells.json"
     argv = ["--device", "cpu", "--tune-only", "--batches", "64", "--widths", "128", "--precisions", "fp32",
@@ -732,9 +733,9 @@ def test_fused_second_reads_only_a_cublas_winner() -> None:
 
 
 def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_path, monkeypatch) -> None:
-    """kernels.tune writes a cuBLAS winner's fastest fused finalist into the table's
+    """bench.tools.tune writes a cuBLAS winner's fastest fused finalist into the table's
     evidence (not the other finalists); a run reading the table takes it eagerly."""
-    from kernels.tune import write_table
+    from kernels.plan.tuning import write_table
 
     cublas = {**CONFIG, "backend": "cublas"}
     fused = {**CONFIG, "block_c": 16}
@@ -757,7 +758,7 @@ def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_pat
 
 
 def test_a_fused_winner_keeps_no_eager_finalist_in_the_table() -> None:
-    from kernels.tune import evidence
+    from kernels.plan.tuning import evidence
 
     fused = {**CONFIG, "backend": "triton"}
     entry = {"config": fused, "ms": 0.01, "finalists": [fused, {**CONFIG, "backend": "cublas"}], "finalists_ms": [0.01, 0.011]}

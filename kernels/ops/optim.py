@@ -1,29 +1,14 @@
 """One-launch optimizer steps over a flat parameter buffer: Adam, SGD, Adagrad, RMSprop.
 
-`FlatOptimizer` copies the parameters it is given into one contiguous fp32 buffer
-and points each Parameter's ``.data`` at its slice; each ``.grad`` is set to the
-matching slice of one flat gradient buffer, so backward accumulates into it in place
-(autograd adds into an existing ``.grad``; the gradients are never set to None). A
-step is then one elementwise kernel over the whole buffer: a grid of BLOCK-element
-programs, each reading parameter, gradient and state once and writing parameter and
-state once (coalesced, fp32 arithmetic).
-
-The math is torch.optim's (for-loop implementation) for the options listed in
-DEFAULTS: Adam with L2 weight decay added to the gradient (not AdamW), SGD with
-momentum (dampening 0, not Nesterov), Adagrad (initial accumulator 0), RMSprop
-(not centered, no momentum). Division and square root round to nearest, as torch's
-do. What changes per step (Adam's bias corrections, Adagrad's decayed rate) is
-computed inside the kernel, in fp64 like torch's host-side scalars, from a step count
-held on the device. Each program keeps its own copy of the count (``state['step']``
-has one entry per program), so no program can read a count another has already
-advanced: one launch, no host read, no atomics, and the step can be captured in a
-CUDA graph. Zeroed state (counts included) is each optimizer's fresh state.
-
-Hyperparameters are compile-time constants of the kernel: changing one (an lr
-schedule) compiles a new variant, and a captured graph keeps the values it captured.
-The kernel is launched directly from `step`, not through torch.library.wrap_triton,
-whose eager path cost 240 us of host time per step on an H100 against 46 us direct
-(torch's fused Adam: 74-127 us).
+`FlatOptimizer` copies its parameters into one contiguous fp32 buffer, points each
+Parameter's ``.data`` at its slice and each ``.grad`` at the matching slice of one flat
+gradient buffer (backward accumulates in place; gradients are never set to None). A
+step is one elementwise kernel over the buffer, torch.optim's for-loop math for the
+options in DEFAULTS (Adam with L2 decay, not AdamW; SGD momentum without Nesterov;
+Adagrad; RMSprop, not centered). Step counts live on the device, one per program, so a
+step needs no host read and can be captured in a CUDA graph. Hyperparameters are
+compile-time constants: changing one compiles a new variant.
+Design notes and measurements: docs/results-kernels.md.
 """
 
 from __future__ import annotations
@@ -35,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_plan import cdiv
+from kernels.plan.launch_plan import cdiv
 
 BLOCK = 2048  # elements per program: 278 programs for the 569k-parameter optimal MLP
 NUM_WARPS = 4

@@ -1,8 +1,8 @@
-"""python -m kernels.bench_cells: first-use tuning and the fused kernel's cells, one GPU.
+"""python -m bench.tools.bench_cells: first-use tuning and the fused kernel's cells, one GPU.
 
-    python -m kernels.bench_cells                          # fresh cache, LOADBENCH_TUNE=always
-    python -m kernels.bench_cells --tune cache --cache-dir ~/.cache/mlp-loadbench
-    python -m kernels.bench_cells --batches 64 --widths 2048 --precisions bf16 --activations silu
+    python -m bench.tools.bench_cells                          # fresh cache, LOADBENCH_TUNE=always
+    python -m bench.tools.bench_cells --tune cache --cache-dir ~/.cache/mlp-loadbench
+    python -m bench.tools.bench_cells --batches 64 --widths 2048 --precisions bf16 --activations silu
 
 Phase 1, tuning: in an empty cache directory (a fresh temporary one unless --cache-dir
 names one, which is then emptied), one eager training step (forward + backward) of the
@@ -54,10 +54,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels import launches
-from kernels import linear_act  # noqa: F401  (the op loads at import, outside any timed first call)
-from kernels.tuning_cache import FILE_NAME
-from kernels.tuning_cache import TUNE_MODES
+from kernels.plan import launches
+from kernels.ops import linear_act  # noqa: F401  (the op loads at import, outside any timed first call)
+from kernels.plan.tuning_cache import FILE_NAME
+from kernels.plan.tuning_cache import TUNE_MODES
 from model.mlp import MLP
 from model.train import precision_mode
 
@@ -169,7 +169,7 @@ class CellResult:
 
     def routes(self) -> dict[str, int]:
         """Non-default routes by count; a cuBLAS-route kernel whose uncaptured calls take
-        a fused finalist (kernels/launches.py, "Eager calls") as 'cublas+epilogue/eager triton'."""
+        a fused finalist (kernels/plan/launches.py, "Eager calls") as 'cublas+epilogue/eager triton'."""
         named = (t["route"] + (f"/eager {t['eager']['route']}" if "eager" in t else "") for t in self.tiles)
         return dict(Counter(r for r in named if r != "triton"))
 
@@ -392,7 +392,7 @@ def summary_lines(cells: list[CellResult], skipped: list[tuple[str, int, int, st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench_cells", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.bench_cells", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
@@ -410,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("kernels.bench_cells: no CUDA GPU here (--device cpu runs the code path through the interpreter)", file=sys.stderr)
+        print("bench.tools.bench_cells: no CUDA GPU here (--device cpu runs the code path through the interpreter)", file=sys.stderr)
         return 2
     started = time.perf_counter()
     temporary = args.cache_dir is None
@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["LOADBENCH_TUNE"] = args.tune
     launches.reset_launch_state()  # re-read both
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
-    print(f"kernels.bench_cells on {name}: torch {torch.__version__}, LOADBENCH_TUNE={args.tune}, cache {cache}", flush=True)
+    print(f"bench.tools.bench_cells on {name}: torch {torch.__version__}, LOADBENCH_TUNE={args.tune}, cache {cache}", flush=True)
     out: dict[str, Any] = {"device": name, "torch": torch.__version__, "tune": args.tune, "cache_dir": cache}
 
     def save() -> None:

@@ -1,59 +1,28 @@
-"""Measure launch configurations for the fused kernels on this GPU and write the table.
+"""Tuning the fused op's launch table offline: the shapes the MLP launches, the dry
+run's counts, the tuner (first-use tuning's own, `launches.Launches.tune`) and the
+table file (write, read, merge; entries from a first-use tuning cache).
 
-    python -m kernels.tune                      # updates kernels/launch_table.json
-    python -m kernels.tune --out table.json --batches 64 512 --widths 512
-    python -m kernels.tune --merge a.json b.json    # one table from runs split over GPUs
-    python -m kernels.tune --from-cache ~/.cache/mlp-loadbench/launch-cache.json
-    python -m kernels.tune --dry-run --experiments  # what first-use tuning costs, no GPU
-
-Shapes: every Linear of the MLP (the first layer's K = 75, the hidden layers, the
-head's N = 10) at each batch x width of bench/test_kernels.py's grid (--experiments:
-only the pairs the five experiments train, what first-use tuning must cover), each
-kernel (forward, weight gradient, input gradient), dtype (fp32 at the strict-fp32 mode
-LOADBENCH_STRICT_FP32 picks, bf16) and activation class (the grid's leaky_relu for
-relu, leaky_relu, tanh and sigmoid; silu at 512 x 512, the act experiment's; identity
-for the head). Shapes that fall in one shape class (`launch_plan.shape_key`) are tuned
-once.
-
-Tuning is first-use tuning's own (`launches._Launches.tune`): the candidates of
-`launch_plan.tuning_candidates` (tiles that fit the output and pass the occupancy
-rule, split-K for weight gradients that leave SMs idle, the cuBLAS route) compiled at
-once in forked workers (kernels/compile_pool.py), each timed briefly from a CUDA graph,
-the fastest few timed again properly (here with more calls and replays than on first
-use: this table is committed). The table is keyed by the GPU's name, so tables of several GPU models live
-side by side, and wins over the per-user cache (kernels/tuning_cache.py). Its entries
-are the cache's (route included: split_k, backend), with their timings as evidence.
-
---from-cache writes a first-use tuning cache's groups into the table instead of
-measuring: what a user's runs (or `kernels.bench_cells --cache-dir`) tuned becomes the
-committed entries for that GPU model, each with its own timing as evidence, and the
-group's Triton and torch versions recorded beside it.
-
---dry-run lists the shapes and counts candidates, timings, kernel executions and
-distinct Triton compilations, under the present policy and the one before it (every
-candidate timed fully, no occupancy rule, no class dedupe); it needs no GPU.
+Contract: `tune` needs a CUDA GPU and the op's launch code registered (import
+kernels.ops.linear_act first: `compile_keys` and the tuner run it through
+`launches.op_code`); everything else is pure or reads and writes files only. The
+command line is bench/tools/tune.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
-import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kernels import launch_plan
-from kernels import launches
-from kernels import linear_act as op
-from kernels import tuning_cache
-from kernels.launch_plan import LaunchConfig
+from kernels.plan import launch_plan
+from kernels.plan import launches
+from kernels.plan import tuning_cache
+from kernels.plan.launch_plan import LaunchConfig
 
 DEFAULT_BATCHES = (64, 128, 256, 512)
 DEFAULT_WIDTHS = (128, 256, 512, 1024, 2048)
@@ -90,7 +59,7 @@ class KernelShape:
 
     @property
     def mnk(self) -> tuple[int, int, int]:
-        return launch_plan._mnk(self.kernel, self.rows, self.cols, self.red)
+        return launch_plan.layer_mnk(self.kernel, self.rows, self.cols, self.red)
 
     @property
     def key(self) -> str:
@@ -150,15 +119,16 @@ def compile_keys(shape: KernelShape, cfg: LaunchConfig) -> set[tuple]:
 
     m, n, k = shape.mnk
     meta = torch.device("meta")
+    forward, backward, _ = launches.op_code()
     act = launch_plan.ACTIVATIONS[launch_plan.TIMED_ACTIVATION[shape.act_class]]
-    with launches._forcing(shape.kernel, m, n, k, shape.dtype, cfg):
+    with launches.forcing(shape.kernel, m, n, k, shape.dtype, cfg):
         x = torch.empty((m, k), device=meta, dtype=shape.dtype)
         w, b = (torch.empty(s, device=meta, dtype=launch_plan.param_dtype(shape.dtype)) for s in ((n, k), (n,)))
         if shape.kernel == "fwd":
-            op._forward(x, w, b, act, shape.precision, shape.act_class, record)
+            forward(x, w, b, act, shape.precision, shape.act_class, record)
         else:
             y = torch.empty((m, n), device=meta, dtype=shape.dtype)
-            op._backward(y, y, x, w, act, shape.kernel == "dx", shape.precision, shape.act_class, record)
+            backward(y, y, x, w, act, shape.kernel == "dx", shape.precision, shape.act_class, record)
     return keys
 
 
@@ -211,24 +181,6 @@ def dry_run(shapes: Sequence[KernelShape], sm_count: int) -> dict[str, Any]:
     return {"sm_count": sm_count, "kernel_launch_shapes": len(shapes), "before": before, "now": now, "rows": rows}
 
 
-def print_dry_run(result: dict[str, Any]) -> None:
-    for r in result["rows"]:
-        print(f"{r['key']:42s} M={r['M']:5d} N={r['N']:5d} K={r['K']:5d}  {r['candidates']:3d} candidates, "
-              f"{r['new_compiles']:3d} new compilations")  # fmt: skip
-    b, n = result["before"], result["now"]
-    print(f"\n{result['sm_count']} SMs; counts before -> now:")
-    for name, what in (
-        ("shapes", "shapes tuned (before: every exact shape; now: one per shape class)"),
-        ("candidates", "candidates"),
-        ("compiles", "distinct Triton compilations (estimate; now compiled ahead in forked workers)"),
-        ("full", f"full timings ({launches.FULL_TIMING[0]} calls x {launches.FULL_TIMING[1]} replays)"),
-        ("quick", f"quick timings ({launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays)"),
-        ("executions", "kernel executions while timing"),
-    ):
-        ratio = f"  ({n[name] / b[name]:.2f}x)" if b[name] else ""
-        print(f"  {b[name]:7d} -> {n[name]:7d}{ratio}  {what}")
-
-
 # ------------------------------------------------------------------- the tuner
 
 
@@ -245,7 +197,7 @@ def tune(
         calls, replays = launches.QUICK_TIMING if quick else TABLE_TIMING
         return launches.time_launch(kernel, m, n, k, dtype, cfg, device, calls, replays, activation=activation)
 
-    tuner = launches._Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure, prepare=launches.precompile)
+    tuner = launches.Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure, prepare=launches.precompile)
     gpu = tuner.model(device)
     for s in unique_classes(shapes):
         tuner.tune(s.kernel, s.rows, s.cols, s.red, s.dtype, device, measure, s.precision, s.act_class)
@@ -289,7 +241,7 @@ NOT_EVIDENCE = ("config", "finalists", "finalists_ms")
 def evidence(entry: dict) -> dict:
     """A tuned entry's evidence as the table keeps it: its timings and counts, and for a
     cuBLAS-route winner the fused finalist eager calls take instead ('eager': config and
-    the ms per call it is slower by; kernels/launches.py, "Eager calls")."""
+    the ms per call it is slower by; kernels/plan/launches.py, "Eager calls")."""
     out = {k: v for k, v in entry.items() if k not in NOT_EVIDENCE}
     try:
         finalists = [LaunchConfig.from_dict(c) for c in entry.get("finalists", [])]
@@ -299,7 +251,7 @@ def evidence(entry: dict) -> dict:
     if second is not None:
         out["eager"] = {"config": dataclasses.asdict(second[0]), "gives_up_ms": second[1]}
     return out
-FROM_CACHE_TIMING = "first-use tuning (kernels/tuning_cache.py), each entry's own: see its evidence's 'timing'"
+FROM_CACHE_TIMING = "first-use tuning (kernels/plan/tuning_cache.py), each entry's own: see its evidence's 'timing'"
 
 
 def read_cache_groups(path: str) -> list[tuple[str, tuple[str, str], dict[str, dict]]]:
@@ -329,7 +281,7 @@ def read_measured(path: str) -> dict[str, dict[str, dict]]:
             for gpu, table in tables.items()
         }
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a launch table written by kernels.tune ({type(exc).__name__}: {exc})") from None
+        raise ValueError(f"{path}: not a launch table written by bench.tools.tune ({type(exc).__name__}: {exc})") from None
 
 
 def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
@@ -343,68 +295,3 @@ def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
     return merged
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.tune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(launches.TABLE_PATH))
-    parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES))
-    parser.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS))
-    parser.add_argument("--experiments", action="store_true",
-                        help="only the batch x width pairs the five experiments train (what first-use tuning covers)")  # fmt: skip
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    parser.add_argument("--merge", nargs="+", metavar="TABLE", help="merge these table files into --out; measures nothing")
-    parser.add_argument("--from-cache", metavar="CACHE", help="write a first-use tuning cache file's groups into --out; measures nothing")
-    parser.add_argument("--dry-run", action="store_true", help="list shapes and count candidates and compilations; no GPU")
-    parser.add_argument("--sm-count", type=int, default=None, help=f"for --dry-run (default: this GPU's, else {H100_SMS})")
-    args = parser.parse_args(argv)
-    if args.merge:
-        try:
-            runs = [read_measured(path) for path in args.merge]
-        except ValueError as exc:
-            print(f"kernels.tune: {exc}", file=sys.stderr)
-            return 2
-        for gpu in sorted({gpu for run in runs for gpu in run}):
-            write_table(args.out, gpu, merge_measured([run[gpu] for run in runs if gpu in run]))
-        print(f"merged {len(args.merge)} tables -> {args.out}")
-        return 0
-    if args.from_cache:
-        try:
-            groups = read_cache_groups(args.from_cache)
-        except ValueError as exc:
-            print(f"kernels.tune: {exc}", file=sys.stderr)
-            return 2
-        for gpu, versions, entries in groups:
-            write_table(args.out, gpu, entries, versions, FROM_CACHE_TIMING)
-            print(f"{gpu} (triton {versions[0]}, torch {versions[1]}): {len(entries)} shape classes -> {args.out}")
-        return 0
-    if args.experiments:
-        from kernels.bench_cells import experiment_pairs
-
-        pairs = experiment_pairs(args.batches, args.widths)
-    else:
-        pairs = [(b, w) for b in args.batches for w in args.widths]
-    shapes = kernel_shapes(pairs, [getattr(torch, d) for d in args.dtypes])
-    if args.dry_run:
-        sms = args.sm_count or (
-            torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else H100_SMS
-        )
-        print(f"{len(pairs)} batch x width pairs: {' '.join(f'{b}x{w}' for b, w in pairs)}")
-        print_dry_run(dry_run(shapes, sms))
-        return 0
-    if not torch.cuda.is_available():
-        print("kernels.tune: needs a CUDA GPU (the table holds timings of the GPU it ran on)", file=sys.stderr)
-        return 2
-    start = time.perf_counter()
-    name = torch.cuda.get_device_name()
-
-    def save(measured: dict[str, dict]) -> None:
-        write_table(args.out, name, measured)
-
-    with tempfile.TemporaryDirectory(prefix="loadbench-tune-") as cache:
-        measured, counts = tune(shapes, cache, save)
-    save(measured)
-    print(f"{len(measured)} shape classes for {name} in {time.perf_counter() - start:.0f} s -> {args.out}; {counts}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,70 +1,18 @@
-"""Fused linear + bias + activation, forward and backward, as a torch op.
+"""Fused linear + bias + activation, forward and backward: Y = act(X @ W.T + b).
 
-    Y = act(X @ W.T + b)          X (M, K), W (N, K), b (N,), Y (M, N)
-
-Forward: one GEMM with bias and activation in its epilogue, the accumulator kept in
-fp32 until the final cast. Backward: two GEMMs whose prologue turns dY into
-dZ = dY * act'(.) on the fly, from the saved output (relu, leaky_relu, tanh,
-sigmoid) or the saved pre-activation (silu):
-
-    dX = dZ @ W        (M, K)   reduces over N
-    dW = dZ.T @ X      (N, K)   reduces over M; the K-column-0 programs also sum db
-
-Under autocast the parameters stay as they are (fp32 master weights): X arrives in
-bf16, the kernels load W in fp32 and round it to bf16 in registers, and write dW and
-db in fp32 straight from their fp32 accumulators. A bf16 step then has no weight casts
-and no gradient casts around the GEMMs (about 30 us of a 130 us bf16 step at 512 x 512
-on an H200 were those copies), and dW is not rounded to bf16 on its way to the
-optimizer. The cuBLAS route casts W for torch.mm, as autocast would.
-
-fp32 inputs follow torch's float32 matmul precision ('highest' is fp32, 'high' TF32),
-so 'fp32' means the same thing in both implementations; bf16 and fp16 use fp32
-accumulation. Strict fp32 runs one of two ways, chosen by LOADBENCH_STRICT_FP32:
-'tf32x3' (the default: each operand split into a TF32 part and a TF32 remainder, three
-tensor-core products) or 'ieee' (Triton's fp32 dot on the FMA units). On an H100,
-3xTF32 runs the 4096 x 2048 x 2048 GEMM at 1.4x cuBLAS SGEMM's speed, the IEEE dot at
-0.42x; 3xTF32's error against float64 stays within 1.5x of cuBLAS's on the MLP's
-shapes, the IEEE dot's input gradient does not (tests/test_kernels.py, GPU tests). It
-is not bit-for-bit IEEE.
-
-Four routes, chosen per kernel and shape by the launch configuration:
-
-- 'triton' (split_k = 1): the fused kernels above.
-- split-K, for dW only (split_k = S > 1): at batch 512 a 512 x 512 weight gradient
-  is about 128 output tiles, fewer than an H100's 132 SMs, each walking all 512 rows.
-  Then S programs per tile each reduce one slice of the batch into an fp32 workspace
-  [S, N*K + N] (dW and db partials), and a second small kernel sums the S partials
-  in the fixed order s = 0..S-1 (Kahan-compensated): no atomics, so the same inputs
-  give the same bits on every run.
-- 'cublas' ("cublas+epilogue"): torch.mm (cuBLAS) for the GEMM and a small Triton
-  kernel for what the fused kernel does around it: bias + activation after the
-  forward GEMM, dZ = act'(.) and the compensated db before the backward GEMMs. For
-  the shapes where cuBLAS's GEMM is measured faster than ours. Its plan may carry a
-  fused alternative for calls no CUDA graph captures, where the host, not the GPU,
-  bounds the step (kernels/launches.py, "Eager calls").
-- 'gemv', forward only, at most 16 rows (serving): products on the FMA units, many
-  narrow programs, the same epilogue; one launch per layer where the cuBLAS route
-  takes two (a GEMV and the epilogue).
-
-Each launch's configuration (tile, split-K slices, route) comes from a plan per
-kernel and shape: kernels/launch_plan.py works plans out (configurations, heuristic,
-tuning candidates, shape keys, split-K slices) and kernels/launches.py picks one per
-shape, once per process (committed table, per-user cache, first-use tuning;
-`launch_report` says which), so a call's planning is one dict lookup.
-
-The ops are declared with `torch.library.triton_op`, so they run under torch.compile,
-inside CUDA-graph capture and, with TRITON_INTERPRET=1, on CPU tensors. An eager call of
-`linear_act` (no torch.compile trace, no dispatch mode) skips the op's dispatcher
-round trip: an autograd.Function runs the same launch code (on a 2-core CPU, with the
-launches stubbed out, about 40 us less per layer forward + backward), so the results
-are the same bits; its launches skip Triton's per-call binding after the first of each
-launch signature (kernels/direct_launch.py). `linear_act_stack` (what the MLP calls)
-runs a whole stack of layers as one such Function, and a gradient-free forward of a few
-rows in one launch (kernels/mlp_forward.py).
-
-The structure follows Triton's matrix-multiplication tutorial (grouped program order,
-masked loads); the fused prologue, the bias-gradient reduction, split-K and the op
-wiring are ours.
+X (M, K), W (N, K), b (N,), Y (M, N). Backward turns dY into dZ = dY * act'(.) in
+the GEMMs' prologue, from the saved output (the saved pre-activation for silu).
+Under autocast W and b stay fp32 (master weights): X arrives in bf16, W is rounded in
+registers, dW and db are written in fp32. fp32 follows torch's float32 matmul
+precision; 'highest' runs LOADBENCH_STRICT_FP32's mode ('tf32x3' or 'ieee').
+Routes per kernel and shape, from kernels/plan/launches.py: 'triton' (the fused
+kernels), split-K for dW (deterministic partial sums), 'cublas' (torch.mm plus our
+epilogue/prologue kernel), 'gemv' (forward, at most 16 rows).
+Entry points: `linear_act` (one layer) and `linear_act_stack` (the MLP's layers; one
+autograd node eagerly, one launch for a gradient-free forward of a few rows through
+mlp_forward). The ops are torch.library triton_ops (torch.compile, CUDA-graph capture,
+TRITON_INTERPRET=1 on CPU); eager calls skip the dispatcher through an autograd.Function
+running the same launch code. Design notes and measurements: docs/results-kernels.md.
 """
 
 from __future__ import annotations
@@ -78,71 +26,32 @@ import triton.language as tl
 from torch.library import triton_op
 from torch.library import wrap_triton
 
-from kernels import direct_launch
-from kernels.launch_plan import ACTIVATIONS
-from kernels.launch_plan import CUBLAS
-from kernels.launch_plan import EPILOGUE_BLOCK
-from kernels.launch_plan import GEMV
-from kernels.launch_plan import GRAD_BLOCK
-from kernels.launch_plan import SILU
-from kernels.launch_plan import SUM_BLOCK
-from kernels.launch_plan import _CLASS_OF
-from kernels.launch_plan import _precision
-from kernels.launch_plan import cdiv
-from kernels.launches import _plan
-from kernels.launches import use_launch_code
+from kernels.ops import mlp_forward
+from kernels.ops.activations import LEAKY_SLOPE
+from kernels.ops.activations import activation
+from kernels.ops.activations import activation_grad
+from kernels.runtime import direct_launch
+from kernels.runtime.torch_internals import in_dispatch_mode
+from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import CUBLAS
+from kernels.plan.launch_plan import EPILOGUE_BLOCK
+from kernels.plan.launch_plan import GEMV
+from kernels.plan.launch_plan import GRAD_BLOCK
+from kernels.plan.launch_plan import SILU
+from kernels.plan.launch_plan import SUM_BLOCK
+from kernels.plan.launch_plan import CLASS_OF
+from kernels.plan.launch_plan import precision_for
+from kernels.plan.launch_plan import cdiv
+from kernels.plan.launches import plan_for
+from kernels.plan.launches import use_launch_code
 
 # Re-exported for the op's callers: the strict-fp32 mode the kernels run (bench/plugin
-# reads it; to change it, set kernels.launch_plan.STRICT_FP32) and what ran (README).
-from kernels.launch_plan import STRICT_FP32  # noqa: F401
-from kernels.launches import launch_report  # noqa: F401
-
-LEAKY_SLOPE = 0.01  # torch's default
+# reads it; to change it, set kernels.plan.launch_plan.STRICT_FP32) and what ran (README).
+from kernels.plan.launch_plan import STRICT_FP32  # noqa: F401
+from kernels.plan.launches import launch_report  # noqa: F401
 
 
 # ----------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _activation(z, ACTIVATION: tl.constexpr, slope):
-    if ACTIVATION == 1:
-        return tl.maximum(z, 0.0)
-    elif ACTIVATION == 2:
-        return tl.where(z > 0, z, z * slope)
-    elif ACTIVATION == 3:
-        return 2.0 * tl.sigmoid(2.0 * z) - 1.0  # tanh
-    elif ACTIVATION == 4:
-        return tl.sigmoid(z)
-    elif ACTIVATION == 5:
-        return z * tl.sigmoid(z)
-    else:
-        return z
-
-
-@triton.jit
-def _activation_grad(dy, saved, ACTIVATION: tl.constexpr, slope, one):
-    """dZ from dY and the saved output (or pre-activation, for silu), in fp32.
-
-    `one` is 1.0 passed at run time, not a literal, on purpose. In the weight-gradient
-    kernel dZ feeds both the GEMM and the bias sum, in two register layouts. Where its
-    formula holds only dY, the saved tile and literals, Triton recomputes it in the
-    GEMM's layout from a second read of both tiles instead of converting it; a kernel
-    argument in the formula (leaky_relu's slope, or `one`) keeps it computed once.
-    Recomputed, relu, tanh and sigmoid ran that kernel 40-50% slower than leaky_relu at
-    the same tile (fp32 512 x 512, H100) and spilled registers in bf16 (silu too)."""
-    if ACTIVATION == 1:
-        return tl.where(saved > 0, dy, 0.0 * one)
-    elif ACTIVATION == 2:
-        return tl.where(saved > 0, dy, dy * slope)
-    elif ACTIVATION == 3:
-        return dy * (one - saved * saved)
-    elif ACTIVATION == 4:
-        return dy * saved * (one - saved)
-    elif ACTIVATION == 5:
-        s = tl.sigmoid(saved)
-        return dy * s * (one + saved * (one - s))
-    else:
-        return dy
 
 
 @triton.jit
@@ -153,7 +62,7 @@ def _epilogue(
     """The forward's epilogue, while the accumulator is still fp32: bias, activation,
     Y stored in its dtype and, for silu, the pre-activation Z."""
     z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = _activation(z, ACTIVATION, slope)
+    y = activation(z, ACTIVATION, slope)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
     tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -256,7 +165,7 @@ def _input_grad_kernel(
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < n_left)
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
-        dz = _activation_grad(dy, saved, ACTIVATION, slope, one).to(dx_ptr.dtype.element_ty)
+        dz = activation_grad(dy, saved, ACTIVATION, slope, one).to(dx_ptr.dtype.element_ty)
         w = tl.load(w_ptrs, mask=(offs_n[:, None] < n_left) & (offs_k[None, :] < K), other=0.0)
         acc = tl.dot(dz, w.to(dx_ptr.dtype.element_ty), acc, input_precision=PRECISION)
         d_off += BLOCK_N * stride_dn
@@ -296,7 +205,7 @@ def _weight_grad_kernel(
         mask = (offs_n[:, None] < N) & (offs_m[None, :] < m_left)
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
-        dz = _activation_grad(dy, saved, ACTIVATION, slope, one)
+        dz = activation_grad(dy, saved, ACTIVATION, slope, one)
         part = tl.sum(dz, axis=1) - bias_lost
         total = bias + part
         bias_lost = (total - bias) - part
@@ -353,7 +262,7 @@ def _bias_act_kernel(
     z_off = offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn
     z = tl.load(z_ptr + z_off, mask=mask, other=0.0).to(tl.float32)
     z += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = _activation(z, ACTIVATION, slope)
+    y = activation(z, ACTIVATION, slope)
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask)
     if SAVE_Z:
         tl.store(z_ptr + z_off, z.to(z_ptr.dtype.element_ty), mask=mask)
@@ -377,7 +286,7 @@ def _act_grad_kernel(
         d_off = rows[:, None] * stride_dm + offs_n[None, :] * stride_dn
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
-        dz = _activation_grad(dy, saved, ACTIVATION, slope, 1.0)  # no GEMM here: a literal will do
+        dz = activation_grad(dy, saved, ACTIVATION, slope, 1.0)  # no GEMM here: a literal will do
         tl.store(dz_ptr + rows[:, None] * stride_zm + offs_n[None, :] * stride_zn, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         part = tl.sum(dz, axis=0) - bias_lost
         total = bias + part
@@ -419,7 +328,7 @@ def _fused_instead_of_cublas(t: torch.Tensor) -> None:
 
 
 # Eagerly, outside any trace: the compiled kernel's launcher, Triton's binding done once
-# per launch signature (kernels/direct_launch.py). Bound by name, not wrapped: a wrapper
+# per launch signature (kernels/runtime/direct_launch.py). Bound by name, not wrapped: a wrapper
 # would pack and unpack the twenty-odd arguments of every launch once more.
 _launch_direct = direct_launch.launch
 
@@ -431,10 +340,10 @@ def _forward(
     empty tensor, the eager path saves an allocation per layer)."""
     M, K = x.shape
     N = w.shape[0]
-    plan = _plan("fwd", M, N, K, x, precision, act_class)
+    plan = plan_for("fwd", M, N, K, x, precision, act_class)
     if plan.eager is not None and launch is not _launch_traceable and _uncaptured(x):
         _fused_instead_of_cublas(x)
-        plan = plan.eager  # the host bounds an uncaptured call: the fused kernel (kernels/launches.py)
+        plan = plan.eager  # the host bounds an uncaptured call: the fused kernel (kernels/plan/launches.py)
     cfg, save_z = plan.cfg, activation == SILU
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if cfg.backend == CUBLAS:
@@ -475,8 +384,8 @@ def _backward(
     dy = dy.contiguous()
     M, K = x.shape
     N = w.shape[0]
-    dw_plan = _plan("dw", N, K, M, x, precision, act_class)
-    dx_plan = _plan("dx", M, K, N, x, precision, act_class) if input_grad else None
+    dw_plan = plan_for("dw", N, K, M, x, precision, act_class)
+    dx_plan = plan_for("dx", M, K, N, x, precision, act_class) if input_grad else None
     if launch is not _launch_traceable and (dw_plan.eager or (dx_plan and dx_plan.eager)) and _uncaptured(x):
         _fused_instead_of_cublas(x)
         dw_plan = dw_plan.eager or dw_plan
@@ -541,7 +450,7 @@ use_launch_code(_forward, _backward, _launch_direct)
 @triton_op("loadbench::linear_act_fwd", mutates_args={})
 def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
-    y, z = _forward(x, w, b, activation, _precision(x.dtype), _CLASS_OF[activation], _launch_traceable)
+    y, z = _forward(x, w, b, activation, precision_for(x.dtype), CLASS_OF[activation], _launch_traceable)
     return y, z if z is not None else x.new_empty((0, w.shape[0]))
 
 
@@ -550,8 +459,8 @@ def linear_act_bwd(
     dy: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, w: torch.Tensor, activation: int, input_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dX (empty unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
-    prec = _precision(x.dtype)
-    dx, dw, db = _backward(dy, saved, x, w, activation, input_grad, prec, _CLASS_OF[activation], _launch_traceable)
+    prec = precision_for(x.dtype)
+    dx, dw, db = _backward(dy, saved, x, w, activation, input_grad, prec, CLASS_OF[activation], _launch_traceable)
     return (dx if dx is not None else x.new_empty((0, x.shape[1]))), dw, db
 
 
@@ -584,7 +493,7 @@ class _EagerLinearAct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, activation):  # type: ignore[no-untyped-def]
-        prec, cls = _precision(x.dtype), _CLASS_OF[activation]
+        prec, cls = precision_for(x.dtype), CLASS_OF[activation]
         y, z = _forward(x, w, b, activation, prec, cls, _launch_direct)
         ctx.activation = activation
         ctx.save_for_backward(x, w, z if activation == SILU else y)
@@ -594,7 +503,7 @@ class _EagerLinearAct(torch.autograd.Function):
     def backward(ctx, dy):  # type: ignore[no-untyped-def]
         x, w, saved = ctx.saved_tensors
         act, want_dx = ctx.activation, ctx.needs_input_grad[0]
-        dx, dw, db = _backward(dy, saved, x, w, act, want_dx, _precision(x.dtype), _CLASS_OF[act], _launch_direct)
+        dx, dw, db = _backward(dy, saved, x, w, act, want_dx, precision_for(x.dtype), CLASS_OF[act], _launch_direct)
         return (dx if want_dx else None), dw, db, None
 
 
@@ -607,10 +516,10 @@ class _EagerStack(torch.autograd.Function):
     def forward(ctx, x, activations, *params):  # type: ignore[no-untyped-def]
         n = len(activations)
         weights, biases = params[:n], params[n:]
-        prec = _precision(x.dtype)
+        prec = precision_for(x.dtype)
         inputs, saved = [], []
         for w, b, act in zip(weights, biases, activations):
-            y, z = _forward(x, w, b, act, prec, _CLASS_OF[act], _launch_direct)
+            y, z = _forward(x, w, b, act, prec, CLASS_OF[act], _launch_direct)
             inputs.append(x)
             saved.append(z if act == SILU else y)
             x = y
@@ -624,31 +533,25 @@ class _EagerStack(torch.autograd.Function):
         n = len(acts)
         tensors = ctx.saved_tensors
         inputs, weights, saved = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-        prec = _precision(inputs[0].dtype)
+        prec = precision_for(inputs[0].dtype)
         dws: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         dbs: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         want_dx = ctx.needs_input_grad[0]
         for i in reversed(range(n)):
             dy, dws[i], dbs[i] = _backward(
-                dy, saved[i], inputs[i], weights[i], acts[i], i > 0 or want_dx, prec, _CLASS_OF[acts[i]], _launch_direct
+                dy, saved[i], inputs[i], weights[i], acts[i], i > 0 or want_dx, prec, CLASS_OF[acts[i]], _launch_direct
             )
         return (dy if want_dx else None), None, *dws, *dbs
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-try:  # a module flag torch keeps up to date on every mode's entry and exit (infra modes too)
-    from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
-except ImportError:  # pragma: no cover - older torch
-
-    def _in_dispatch_mode() -> bool:
-        return bool(torch._C._len_torch_dispatch_stack())
 
 
 def _eager(*tensors: torch.Tensor) -> bool:
     """Whether a call may skip the op: plain tensors, no torch.compile trace and no
     dispatch mode (fake tensors, make_fx, FlopCounter) that must see the op."""
     return (
-        all(type(t) in _PLAIN for t in tensors) and not torch.compiler.is_compiling() and not _in_dispatch_mode()
+        all(type(t) in _PLAIN for t in tensors) and not torch.compiler.is_compiling() and not in_dispatch_mode()
     )  # fmt: skip
 
 
@@ -691,7 +594,7 @@ def linear_act_stack(
     data-parallel graph loop's bucketed all-reduces) fire layer by layer, as they do
     under torch.compile, which always sees the per-layer ops. Without gradients, a
     forward of at most 16 rows (serving) is one launch for all layers where each layer
-    fits a strip per program, eagerly and under capture (kernels/mlp_forward.py, which
+    fits a strip per program, eagerly and under capture (kernels/ops/mlp_forward.py, which
     says where it does not); its sums run in another order than the
     layer kernels', so its bits may differ from theirs in the last places."""
     if not (len(weights) == len(biases) == len(activations) > 0):
@@ -714,8 +617,6 @@ def linear_act_stack(
         x = _autocast_input(x)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights, *biases))
     if not grad:
-        from kernels import mlp_forward  # lazily: it imports this module
-
         if mlp_forward.usable(x, weights, biases):
             y = mlp_forward.fused_forward(x, weights, biases, codes)
             if y is not None:

@@ -1,45 +1,17 @@
-"""Where the fused op's launch configurations come from, per process: the committed
-table, the per-user cache, first-use tuning and the launch report
-(kernels/linear_act.py launches; kernels/launch_plan.py plans).
+"""Where the fused op's launch configurations come from, per process.
 
-Launch configurations come from `launch_config` / `launch_report`, resolved once per
-(kernel, shape, dtype, device) per process and then kept in a dict, so the eager hot
-path (`_plan`) does one dict lookup, not a table walk, a heuristic or an environment
-read per call. Where a configuration comes from ('source' in `launch_report()`), in
-order:
-
-1. 'table': kernels/launch_table.json, measured offline by `python -m kernels.tune`
-   per GPU model and shape class, committed (the table wins over the cache);
-2. 'cache': the per-user cache of tiles tuned on first use (kernels/tuning_cache.py),
-   keyed by GPU model and the Triton and torch versions;
-3. 'tuned': on the first eager call of a shape class neither covers, the candidates
-   (split-K and the cuBLAS route included) are compiled at once (forked workers),
-   each is timed briefly from a CUDA graph, the few fastest are timed again properly
-   and the fastest of those is used and stored in the cache, with a progress line on
-   stderr (`kernels.tune --dry-run` counts what that costs);
-4. 'heuristic': `heuristic_config`, where nothing can be measured (CPU, the
-   interpreter), tuning is off, or the first call comes during CUDA-graph capture or
-   torch.compile tracing, where no timing may run: that call uses the heuristic, the
-   report says so, and the next eager call tunes.
-
-Table and cache are keyed by `launch_plan.shape_key`. LOADBENCH_TUNE=off|cache|always
-picks the policy (kernels/tuning_cache.py).
-
-Eager calls. Tuning times kernels from CUDA graphs, GPU time alone; an eager step of
-the MLP is bound by the host instead (on the GPU hosts measured, an eager forward +
-backward took 1.2-2 ms of Python against 0.1-0.8 ms of GPU work). There the cuBLAS route
-costs about one more torch call per kernel than the fused kernel (the GEMM's own call,
-the transpose, dZ's buffer), and at width 2048 the eager step ran 0.70-0.81x eager
-torch's on it. So a kernel whose tuning picked the cuBLAS route keeps its fastest fused
-finalist as `_Plan.eager` where the GPU time that gives up is below what one torch call
-costs this host (`host_call_ms`, measured once per process); calls that no CUDA graph
-captures launch that, graphs and torch.compile the tuned winner. The report names it
-('eager'). The committed table keeps that finalist in its evidence (`kernels.tune`);
-table entries written before it, and kernels first met during a capture, have none.
-
-Timing (`time_launch`) and compiling ahead (`precompile`) run the op's own launch code,
-which kernels/linear_act.py hands over when it loads (`use_launch_code`): it imports
-this module for its plans, so this module does not import it.
+`plan_for` (the op's hot path, one dict lookup after a shape's first call),
+`launch_config` and `launch_report` resolve a configuration once per (kernel, shape,
+dtype, device, precision, activation class), from, in order: 'table'
+(kernels/launch_table.json, committed), 'cache' (the per-user cache,
+kernels/plan/tuning_cache.py), 'tuned' (first-use tuning: candidates compiled ahead,
+timed from CUDA graphs, the fastest stored in the cache) or 'heuristic' (nothing can be
+measured: CPU, the interpreter, tuning off, or a first call during capture or tracing).
+LOADBENCH_TUNE picks the policy. A kernel whose tuning picked the cuBLAS route keeps
+its fastest fused finalist for calls no CUDA graph captures ('eager'). Timing and
+compiling ahead run the op's own launch code, which kernels/ops/linear_act.py hands
+over when it loads (`use_launch_code`), so this module does not import the op.
+Design notes and measurements: docs/results-kernels.md.
 """
 
 from __future__ import annotations
@@ -60,38 +32,39 @@ import torch
 import triton
 
 from kernels import env
-from kernels import tuning_cache
-from kernels.launch_plan import ACTIVATIONS
-from kernels.launch_plan import CUBLAS
-from kernels.launch_plan import GEMV
-from kernels.launch_plan import KEY_FORMAT
-from kernels.launch_plan import SILU
-from kernels.launch_plan import TIMED_ACTIVATION
-from kernels.launch_plan import TRITON
-from kernels.launch_plan import LaunchConfig
-from kernels.launch_plan import _CLASS_OF
-from kernels.launch_plan import _make_plan
-from kernels.launch_plan import _mnk
-from kernels.launch_plan import param_dtype
-from kernels.launch_plan import _Plan
-from kernels.launch_plan import _precision
-from kernels.launch_plan import activation_class
-from kernels.launch_plan import check_route
-from kernels.launch_plan import heuristic_config
-from kernels.launch_plan import kernel_shapes
-from kernels.launch_plan import shape_key
-from kernels.launch_plan import tuning_candidates
-from kernels.tuning_cache import TuningCache
+from kernels.plan import tuning_cache
+from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import CUBLAS
+from kernels.plan.launch_plan import GEMV
+from kernels.plan.launch_plan import KEY_FORMAT
+from kernels.plan.launch_plan import SILU
+from kernels.plan.launch_plan import TIMED_ACTIVATION
+from kernels.plan.launch_plan import TRITON
+from kernels.plan.launch_plan import LaunchConfig
+from kernels.plan.launch_plan import CLASS_OF
+from kernels.plan.launch_plan import make_plan
+from kernels.plan.launch_plan import layer_mnk
+from kernels.plan.launch_plan import param_dtype
+from kernels.plan.launch_plan import Plan
+from kernels.plan.launch_plan import precision_for
+from kernels.plan.launch_plan import activation_class
+from kernels.plan.launch_plan import check_route
+from kernels.plan.launch_plan import heuristic_config
+from kernels.plan.launch_plan import kernel_shapes
+from kernels.plan.launch_plan import shape_key
+from kernels.plan.launch_plan import tuning_candidates
+from kernels.plan.tuning_cache import TuningCache
+from kernels.runtime.torch_internals import is_fake
 
-# kernels/launch_table.json, written by `python -m kernels.tune` on each GPU model:
+# kernels/launch_table.json, written by `python -m bench.tools.tune` on each GPU model:
 # per GPU name, "key_format" (KEY_FORMAT) and "configs" keyed by `shape_key`, each a
 # LaunchConfig (split_k and backend included: the routes are table entries too).
-TABLE_PATH = Path(__file__).with_name("launch_table.json")
+TABLE_PATH = Path(__file__).resolve().parents[1] / "launch_table.json"  # the package data lives at kernels/
 
 # The hot path: (kernel, rows, cols, reduction, dtype, device, precision, activation
 # class) -> plan. Only final answers go in (table, cache, tuned, or the heuristic
 # where nothing can be tuned).
-_PLANS: dict[tuple, _Plan] = {}
+_PLANS: dict[tuple, Plan] = {}
 # Set only by a tuner while it measures a candidate: the config every call then uses.
 _FORCED: dict[str, LaunchConfig] = {}
 
@@ -123,8 +96,6 @@ def _stream_capturing(device: torch.device) -> bool:
 def _why_not_now(like: torch.Tensor) -> str | None:
     """Why no timing may run in this call, if none may: a graph being captured would
     record the tuner's launches, and a traced (fake) tensor has no data to time."""
-    from torch._subclasses.fake_tensor import is_fake
-
     if torch.compiler.is_compiling() or is_fake(like):
         return "torch.compile tracing"
     if _stream_capturing(like.device):
@@ -143,7 +114,7 @@ def fused_second(finalists: list[LaunchConfig], ms: list[float]) -> tuple[Launch
     return None
 
 
-class _Launches:
+class Launches:
     """Where this process's launch configurations come from: the mode, the committed
     table and the per-user cache (each read once), the tuner, and the report."""
 
@@ -203,7 +174,7 @@ class _Launches:
             if raw and group.get("key_format") != KEY_FORMAT:
                 self._warn_once(
                     f"{TABLE_PATH}: {gpu}: tuned before its keys named the precision and activation class "
-                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. Re-tune it: python -m kernels.tune"
+                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. Re-tune it: python -m bench.tools.tune"
                 )
                 raw = {}
             parsed = {}
@@ -282,7 +253,7 @@ class _Launches:
         """Compile every candidate at once, time each briefly, time the finalists
         properly, keep the fastest in the cache; one progress line."""
         gpu, key = self.model(device), shape_key(kernel, rows, cols, red, dtype, precision, act_class)
-        m, n, k = _mnk(kernel, rows, cols, red)
+        m, n, k = layer_mnk(kernel, rows, cols, red)
         activation = TIMED_ACTIVATION[act_class]
         cands = tuning_candidates(kernel, rows, cols, red, dtype, self.sm_count(device))
         seeds = self.seeds(gpu, kernel, rows, cols, red, dtype, precision, act_class)
@@ -387,15 +358,15 @@ class _Launches:
 
     # ------------------------------------------------------------------- plans
 
-    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> _Plan:
+    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> Plan:
         dtype, device = like.dtype, like.device
         busy = _why_not_now(like)
         cfg, source, note, final = self.resolve(kernel, rows, cols, red, dtype, device, busy, precision, act_class)
-        plan = _make_plan(kernel, rows, cols, red, cfg)
+        plan = make_plan(kernel, rows, cols, red, cfg)
         if cfg.backend == CUBLAS and busy is None:
             second = self.fused_second(device, shape_key(kernel, rows, cols, red, dtype, precision, act_class), source)
             if second is not None and second[1] < self.host_call_ms(device):
-                plan = dataclasses.replace(plan, eager=_make_plan(kernel, rows, cols, red, second[0]))
+                plan = dataclasses.replace(plan, eager=make_plan(kernel, rows, cols, red, second[0]))
         self.record(kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class)
         if final:
             _PLANS[(kernel, rows, cols, red, dtype, device, precision, act_class)] = plan
@@ -404,7 +375,7 @@ class _Launches:
     def fused_second(self, device: torch.device, key: str, source: str) -> tuple[LaunchConfig, float] | None:
         """A cuBLAS-route winner's fastest fused finalist and the ms it gives up: from
         this process's tuning, the cache entry it came from, or the table's evidence
-        (kernels.tune keeps it there as 'eager')."""
+        (bench.tools.tune keeps it there as 'eager')."""
         gpu = self.model(device)
         if (gpu, key) in self._fused_second or source not in ("cache", "table"):
             return self._fused_second.get((gpu, key))
@@ -450,7 +421,7 @@ class _Launches:
             "dtype": str(dtype).removeprefix("torch."),
             "precision": precision,
             "activation": act_class,
-            "shape": list(_mnk(kernel, rows, cols, red)),  # M, N, K of the layer
+            "shape": list(layer_mnk(kernel, rows, cols, red)),  # M, N, K of the layer
             "device": self.model(device),
             "key": shape_key(kernel, rows, cols, red, dtype, precision, act_class),
             "source": source,
@@ -477,30 +448,30 @@ class _Launches:
         self.report[slot] = entry
 
 
-_STATE: _Launches | None = None
+_STATE: Launches | None = None
 
 
-def _state() -> _Launches:
+def _state() -> Launches:
     global _STATE
     if _STATE is None:
-        _STATE = _Launches()
+        _STATE = Launches()
     return _STATE
 
 
-def _plan(
+def plan_for(
     kernel: str, rows: int, cols: int, reduction: int, like: torch.Tensor, precision: str, act_class: str
-) -> _Plan:
+) -> Plan:
     """The launch plan for a call: a dict lookup after the first call of a shape."""
     if _FORCED:
         cfg = _FORCED.get(kernel)
         if cfg is not None:
-            return _make_plan(kernel, rows, cols, reduction, cfg)
+            return make_plan(kernel, rows, cols, reduction, cfg)
     try:
         return _PLANS[(kernel, rows, cols, reduction, like.dtype, like.device, precision, act_class)]
     except KeyError:
         return _state().plan(kernel, rows, cols, reduction, like, precision, act_class)
     except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) do not hash: plan per trace
-        return _make_plan(kernel, rows, cols, reduction, heuristic_config(rows, cols, reduction, like.dtype))
+        return make_plan(kernel, rows, cols, reduction, heuristic_config(rows, cols, reduction, like.dtype))
 
 
 def launch_config(
@@ -517,7 +488,7 @@ def launch_config(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    precision, act_class = _precision(dtype), activation_class(activation)
+    precision, act_class = precision_for(dtype), activation_class(activation)
     plan = _PLANS.get((kernel, rows, cols, reduction, dtype, device, precision, act_class))
     if plan is not None:
         return plan.cfg
@@ -548,17 +519,17 @@ def tuning_counts() -> dict[str, int]:
 
 def reset_launch_state(**overrides: Any) -> None:
     """Forget every plan and re-read LOADBENCH_TUNE, the table and the cache on next
-    use. Tests and tools pass `_Launches` arguments (mode, cache_dir, tables,
+    use. Tests and tools pass `Launches` arguments (mode, cache_dir, tables,
     measure, sm_count, prepare) to replace what the environment would give."""
     global _STATE
     _PLANS.clear()
-    _STATE = _Launches(**overrides) if overrides else None
+    _STATE = Launches(**overrides) if overrides else None
 
 
 # ------------------------------------------------------------ the op's launch code
 
 
-# What time_launch and precompile run: kernels/linear_act.py's `_forward` and
+# What time_launch and precompile run: kernels/ops/linear_act.py's `_forward` and
 # `_backward` (each takes a launcher last) and its eager launcher, handed over when it
 # loads. It imports this module for its plans, so this module does not import it: the
 # dependency goes one way (tests/test_layout.py allows no import circle, lazy or not).
@@ -571,9 +542,9 @@ def use_launch_code(forward: Callable[..., Any], backward: Callable[..., Any], l
     _OP_CODE = (forward, backward, launch)
 
 
-def _op_code() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., None]]:
+def op_code() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., None]]:
     if _OP_CODE is None:
-        raise RuntimeError("kernels.launches: no launch code to time; import kernels.linear_act first")
+        raise RuntimeError("kernels.launches: no launch code to time; import kernels.ops.linear_act first")
     return _OP_CODE
 
 
@@ -607,7 +578,7 @@ def replay_ms(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> f
 
 
 @contextlib.contextmanager
-def _forcing(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> Any:
+def forcing(kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfg: LaunchConfig) -> Any:
     """Every call inside runs `cfg` for `kernel` and the heuristic's tile for the
     layer's other kernels, so nothing in it resolves or tunes (it may run inside a call
     of the op: first-use tuning); the forced tiles before it come back after."""
@@ -645,11 +616,11 @@ def time_launch(
     calls, replays = calls or default[0], replays or default[1]
     timer = timer or (lambda fn: replay_ms(fn, calls, replays))
     act = ACTIVATIONS[activation]
-    forward, backward, launch = _op_code()
+    forward, backward, launch = op_code()
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), _forcing(kernel, m, n, k, dtype, cfg):
+    with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), forcing(kernel, m, n, k, dtype, cfg):
         x, w, b = _layer_tensors(m, n, k, dtype, device)
-        prec, cls = _precision(dtype), _CLASS_OF[act]
+        prec, cls = precision_for(dtype), CLASS_OF[act]
         y, z = forward(x, w, b, act, prec, cls, launch)
         saved = z if act == SILU else y
         dy = torch.randn_like(y)
@@ -661,7 +632,7 @@ def time_launch(
 # Compiling candidates ahead of timing (Triton's AsyncCompileMode) is most of first-use
 # tuning's cost. With Triton 3.6 on a 16-core H100 host, 8 and 16 threads took the same
 # 16.9 s for the first fp32 configuration: the compiles share the GIL. So they run in
-# forked worker processes where the machine has the cores (kernels/compile_pool.py;
+# forked worker processes where the machine has the cores (kernels/runtime/compile_pool.py;
 # LOADBENCH_COMPILE_PROCESSES, 0 for threads only), these threads loading what the
 # workers compiled. Bounded so tuning does not swamp a shared host.
 COMPILE_THREADS = env.read("LOADBENCH_TUNE_THREADS")
@@ -674,19 +645,19 @@ def precompile(
     """Compile every candidate's kernels for layer (M, N, K) at once, before any is
     timed: the same code path as a call, with each launch replaced by Triton's
     `warmup` (compile, no launch) under AsyncCompileMode, so the compiles run in
-    forked workers or on threads (kernels/compile_pool.py). Returns the number of
+    forked workers or on threads (kernels/runtime/compile_pool.py). Returns the number of
     candidates handed to it; 0 where Triton has no AsyncCompileMode or runs its
     interpreter. A candidate that fails to compile here fails again, and is skipped,
     when it is timed."""
     mode = getattr(triton, "AsyncCompileMode", None)
     if mode is None or os.environ.get("TRITON_INTERPRET") == "1" or not cfgs:
         return 0
-    from kernels.compile_pool import CompileExecutor
-    from kernels.compile_pool import processes_for
+    from kernels.runtime.compile_pool import CompileExecutor
+    from kernels.runtime.compile_pool import processes_for
 
     act = ACTIVATIONS[activation]
-    forward, backward, _ = _op_code()
-    prec, cls = _precision(dtype), _CLASS_OF[act]
+    forward, backward, _ = op_code()
+    prec, cls = precision_for(dtype), CLASS_OF[act]
     workers = max(1, min(threads or COMPILE_THREADS, os.cpu_count() or 1, len(cfgs)))
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     pool = CompileExecutor(processes_for(None) if device.type == "cuda" else 0, workers)
@@ -700,7 +671,7 @@ def precompile(
         handed = 0
         with contextlib.suppress(Exception), compiling:
             for cfg in cfgs:
-                with _forcing(kernel, m, n, k, dtype, cfg):
+                with forcing(kernel, m, n, k, dtype, cfg):
                     if kernel == "fwd":
                         forward(x, w, b, act, prec, cls, _launch_warmup)
                     else:

@@ -1,30 +1,16 @@
 """Eager launches of Triton kernels without Triton's per-call binding.
 
-`kernel[grid](*args)` binds every argument, specializes each one, builds a cache key and
-looks the compiled kernel up on every call. At the MLP's sizes a layer's forward and
-backward are three launches of a few microseconds of GPU work each, so an eager step is
-bound by the host. `launch` does that bookkeeping once per launch signature and then
-calls the compiled kernel's launcher the way JITFunction.run does (the same call form
-from Triton 3.4 to 3.9): on an H100 with triton 3.6 that took 8-22% off an eager forward
-+ backward of the MLP (docs/results-h200.md, "Fused kernel with fp32 master weights").
-
-The signature is at least as fine as Triton's specialization on NVIDIA GPUs: the
-kernel, the device, every constexpr and launch option, each tensor's dtype, device kind
-and 16-byte alignment, each integer's value (finer than Triton's classes: equal to 1, a
-multiple of 16, 32- or 64-bit), so a compiled kernel is never reused where Triton would
-have compiled another. Integers go in as they are because classifying one costs more
-than the lookup saves; the ints of our launches are shapes and strides, so a process
-holds a few signatures per shape (the table is emptied past MAX_SIGNATURES).
-Tensors reach the launcher as plain addresses: Triton's launcher then skips their
-data_ptr() calls and a driver pointer query per tensor (cuPointerGetAttribute), which
-the signature's first launch made. With a launch hook set (a profiler) the launcher
-gets the tensors, as on Triton's path. Anything else
-(another backend, the interpreter, an argument type it does not know, a Triton without
-this call form) takes Triton's own launch path every time. Environment knobs read at
-compile time (TRITON_DEBUG and the like) are taken as fixed for the process.
-
-Written by hand: neither Triton nor torch offers a cached launch for a kernel called
-outside torch.compile.
+`launch(fn, grid, *args, **kwargs)` does what `fn[grid](*args, **kwargs)` does. The
+first launch of each launch signature takes that public path; later ones call the
+compiled kernel's launcher directly, with tensors passed as plain addresses, skipping
+the argument binding, specialization and cache lookup Triton repeats on every call.
+The signature is at least as fine as Triton's specialization on NVIDIA GPUs (each
+constexpr and option, each tensor's dtype, device kind and 16-byte alignment, each
+int's value), so a compiled kernel is never reused where Triton would compile another.
+A private-API shim: it runs only on CUDA, outside the interpreter, without a launch
+hook set, and on the Triton versions of `versions.triton_internals_fit`; everything
+else takes the public path every time. Kept for eager training steps through the
+fused op (the figure: `ENABLED`; the design: docs/results-kernels.md).
 """
 
 from __future__ import annotations
@@ -34,11 +20,17 @@ from typing import Any
 
 import torch
 
+from kernels.runtime import versions
+
 try:
     from triton import knobs as _knobs
     from triton.runtime.driver import driver as _driver
 except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another call form
     _knobs = _driver = None
+
+# Pays: 8-22% off an eager MLP forward + backward on H100, triton 3.6 (docs/results-h200.md, "Eager host cost").
+# False: every launch takes Triton's public path (tests switch it off to check that path).
+ENABLED = versions.triton_internals_fit(versions.installed_triton())
 
 # launch signature -> (the kernel, its compiled kernel, positions of the tensor arguments,
 # constexpr and defaulted values after the positional ones, in the kernel's order).
@@ -46,8 +38,6 @@ except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another c
 # launch; the entry holds the kernel, so a hit is checked to be the same object.
 _COMPILED: dict[tuple, tuple[Any, Any, tuple[int, ...], tuple]] = {}
 _USABLE: dict[int, tuple[Any, bool]] = {}
-# torch.cuda.current_device() without its initialization check, which the caller makes
-_current_device = getattr(torch._C, "_cuda_getDevice", lambda: -1)
 MAX_SIGNATURES = 4096  # a process serving every batch size from 1 to 4096 stays near this
 _Tensor = torch.Tensor
 
@@ -57,7 +47,7 @@ def signature(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple, list[int]] | N
     where it cannot be told: per argument what Triton's specialization can tell apart
     or finer (a tensor's dtype, device kind and 16-byte alignment; an int's value; a
     bool's value; a float is a float). The hot path of every eager launch: one pass."""
-    key: list[Any] = [id(fn), _current_device() if torch.cuda.is_initialized() else -1]
+    key: list[Any] = [id(fn), torch.cuda.current_device() if torch.cuda.is_initialized() else -1]
     add = key.append
     addresses: list[int] = []
     for a in args:
@@ -79,8 +69,11 @@ def signature(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple, list[int]] | N
 
 
 def _usable(fn: Any) -> bool:
+    """Whether launches of `fn` may skip Triton's binding: the shim is on for this Triton,
+    the kernel is a JITFunction and runs compiled on CUDA."""
     return (
-        _knobs is not None
+        ENABLED
+        and _knobs is not None
         and os.environ.get("TRITON_INTERPRET") != "1"
         and hasattr(fn, "arg_names")
         and _driver.active.get_current_target().backend == "cuda"
@@ -143,5 +136,6 @@ def cached_signatures() -> int:
 
 
 def clear() -> None:
+    """Forget every launch signature and kernel (tests)."""
     _COMPILED.clear()
     _USABLE.clear()

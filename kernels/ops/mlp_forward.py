@@ -2,56 +2,16 @@
 
     H_0 = X,  H_{i+1} = act_i(H_i @ W_i.T + b_i),  Y = H_L      X (M, K), M <= 16, L <= 6
 
-At batch 1 each layer is a matrix-vector product of a few microseconds, so a forward
-launched layer by layer, even replayed from a CUDA graph, is a chain of short kernels,
-each with its launch gap and ramp. This kernel runs every layer in one launch: P
-programs, at most one per SM so that all are resident at once, each computing strips
-of a layer's output columns (products on the FMA units in fp32, W rounded to the
-activations' dtype first, bias and activation in the same pass) into a scratch row
-that every program reads whole for the next layer.
-
-Layers hand over without a barrier. Each word of a scratch row is 64 bits: the
-activation (its fp32 bits, already rounded to X's dtype) in the low half, the launch's
-tag in the high half, written by one store. A program reading a layer's input loads
-the row's words (volatile: from L2, never a stale L1 line) until every one carries
-this launch's tag; value and tag travel in one single-copy-atomic word, so the load
-that sees the tags holds the values, with no fence, counter or second load between
-layers (a thread whose copy of a word is still stale when the wait ends, as happens
-where the layout gives a word to several threads, loads it once more: `_read`).
-NCCL's low-latency (LL) protocol hands data between GPUs the same way. The
-grid barrier this replaced (a release atomic on an arrival counter, acquire polls,
-then the row's load, per layer, and a last arrival to reset the counter) took 9.1 us
-of GPU time per replay through 75-512-512-512-10 at batch 1 on an H100, against 6.7 us
-for this form (docs/results-h100.md).
-
-Tags: each stream slot holds one epoch per possible program, all equal between
-launches. Program p of a launch reads entry p, tags its words epoch + 1 (wrapping
-within [1, 2^31 - 1]) and, when done, stores that tag into entry p and every entry no
-program of this launch owns (q with q mod P == p), so each entry is written only by
-the program that reads it, after reading it, and the next launch, whatever its P,
-finds them equal. The kernel has no atomic and no barrier; no memset precedes a
-launch, and a CUDA graph replays it as one node. A word left by an earlier launch
-carries an older tag; it would pass for this launch's only if written exactly
-2^31 - 1 launches earlier on the same slot and never rewritten since (NCCL's LL flags
-wrap alike). Scratch rows are per slot too, zeroed when allocated; a larger forward
-allocates larger ones and the old stay alive, so a captured graph's pointers stay valid.
-
-Slots are per stream: two launches on one stream never overlap, eager launches on two
-streams take two slots. A captured launch keeps its capture stream's slot, so two
-graphs captured on one stream must not be replayed at the same time on two streams
-(their words and tags would mix); the serving runners replay one graph at a time. A
-first call during CUDA-graph capture that needs a new buffer is refused
-(`fused_forward` returns None and the caller launches layer by layer): its zeroing
-would be a node of the graph.
-
-On a GPU it takes a forward only where each program's strip of every layer fits its
-registers whole, loaded before its input is waited for; wider layers (2048 columns at
-batch 1) go layer by layer, which measured faster than streaming the strips.
-
-Triton's interpreter runs programs one after another, so there P = 1 and every word a
-program waits for is one it wrote: CPU tests run this same code, streamed strips included.
-
-Written by hand: Triton has no grid-wide hand-over, torch no fused whole-network GEMV.
+P programs, at most one per SM, each compute strips of a layer's output into a scratch
+row that all read whole for the next layer. Layers hand over without a barrier: each
+64-bit scratch word holds the activation and the launch's tag, and a reader loads
+until every word of its input carries this launch's tag (NCCL's LL protocol's way).
+Tags, scratch rows and epochs are per stream slot; two graphs captured on one stream
+must not replay at once on two streams. `usable` says where a forward fits (each
+program's strip of every layer in registers); `fused_forward` runs it, or returns None
+(a first call during capture that needs a new buffer) and the caller goes layer by
+layer. Under the interpreter P = 1, so CPU tests run this same code.
+Design notes and measurements: docs/results-kernels.md.
 """
 
 from __future__ import annotations
@@ -64,12 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import direct_launch
+from kernels.runtime import direct_launch
 from kernels import env
-from kernels.linear_act import LEAKY_SLOPE
-from kernels.linear_act import _activation
-from kernels.launch_plan import cdiv
-from kernels.launch_plan import next_power_of_2
+from kernels.ops.activations import LEAKY_SLOPE
+from kernels.ops.activations import activation
+from kernels.plan.launch_plan import cdiv
+from kernels.plan.launch_plan import next_power_of_2
 
 MAX_LAYERS = 6  # the study's deepest MLP: 5 hidden blocks and the head
 MAX_ROWS = 16
@@ -123,7 +83,7 @@ def _read(src, offs_m, offs_k, M, K, tag, PACKED: tl.constexpr):
 @triton.jit
 def _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION: tl.constexpr, PACKED: tl.constexpr):
     """act(acc + b) into rows of dst: Y in dst's dtype, or scratch words tagged `tag`."""
-    y = _activation(acc + b.to(tl.float32)[None, :], ACTIVATION, slope)
+    y = activation(acc + b.to(tl.float32)[None, :], ACTIVATION, slope)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out = offs_m[:, None] * N + offs_n[None, :]
     if PACKED:

@@ -1,32 +1,17 @@
 """Triton compiles in forked worker processes, for first-use tuning's compile-ahead.
 
-`precompile` (kernels/launches.py) hands every tuning candidate to Triton's
-AsyncCompileMode, which submits one compile closure per kernel to an executor. On a
-thread pool those closures share the GIL: on an H100 host with Triton 3.6, eight and
-sixteen threads compiled the 111 candidates of the first fp32 configuration in the same
-16.8-16.9 s, about 0.15 s a candidate one after another. `CompileExecutor` sends each
-closure's compile to a worker process instead: the worker compiles the same source for
-the same target and options, which writes Triton's on-disk cache, and the closure itself
-then runs here and loads that entry. The key is Triton's own (source, target, options,
-cache-invalidating environment), so the closure's result is the kernel Triton would have
-compiled itself; a worker that fails costs nothing but time (the closure compiles, or
-fails, as it would have).
-
-A closure is sent only where its source, target and options can be read off it (the
-free variables `src`, `target`, `options` of JITFunction._do_compile's closure, Triton
-3.4 to 3.9) and pickled, and the kernel is a module-level function a worker can look
-up; anything else runs on the thread pool as before.
-
-Workers are forked from this process on the first compile and live as long as it does:
-they hold every module already imported, so they start in milliseconds. Fresh
-interpreters (7bdd1ce, reverted) had to import torch first, sixteen at once 10-25 s on
-a GPU host, more than they saved. A forked child must not touch the parent's CUDA
-context; a worker runs only Triton's compiler (the target is passed in, so no driver
-query) and ptxas, and leaves by os._exit. Where os.fork does not exist the closures run
-on threads.
-
-Written by hand: Triton offers the executor hook but no process-based compile outside
-torch.compile, and Inductor's pool compiles Inductor's own kernels.
+`precompile` (kernels/plan/launches.py) hands every tuning candidate to Triton's
+AsyncCompileMode, which submits one compile closure per kernel to an executor.
+`CompileExecutor` sends each closure's compile to a worker process forked from this
+one (it holds every module already imported), which compiles the same source for the
+same target and options into Triton's on-disk cache; the closure then runs here and
+loads that entry, so its result is the kernel Triton would have compiled itself. A
+worker runs only Triton's compiler, never the parent's CUDA context, and leaves by
+os._exit; a worker that fails costs only time. A private-API shim: it reads the free
+variables `src`, `target`, `options` of JITFunction._do_compile's closure, only on the
+Triton versions of `versions.triton_internals_fit`; elsewhere, for closures it cannot
+read and without os.fork, compiles run on threads (the public path). Kept for
+first-use tuning (the figure: `ENABLED`; the design: docs/results-kernels.md).
 """
 
 from __future__ import annotations
@@ -47,7 +32,11 @@ from typing import Any
 from typing import Callable
 
 from kernels import env
+from kernels.runtime import versions
 
+# Pays: first-use tuning of both dtypes 40.4 s vs 47.6 s on threads, H100 host (docs/results-h200.md, "forked compile workers").
+# False: compiles run on threads only (tests switch it off to check that path).
+ENABLED = versions.triton_internals_fit(versions.installed_triton())
 _POOL: _Workers | None = None
 _LOCK = threading.Lock()
 
@@ -207,8 +196,8 @@ class CompileExecutor(Executor):
     other callables on `threads` threads."""
 
     def __init__(self, processes: int, threads: int) -> None:
-        self.processes = processes
-        if processes > 0:
+        self.processes = processes if ENABLED else 0
+        if self.processes > 0:
             try:
                 _pool(processes)  # forked here, before this executor starts a thread
             except OSError:  # no process could start: threads only
@@ -216,7 +205,7 @@ class CompileExecutor(Executor):
         self.threads = ThreadPoolExecutor(max(1, threads))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        task = compile_task(fn) if self.processes > 0 and not args and not kwargs else None
+        task = compile_task(fn) if ENABLED and self.processes > 0 and not args and not kwargs else None
         if task is None:
             return self.threads.submit(fn, *args, **kwargs)
         out: Future = Future()
@@ -237,12 +226,12 @@ class CompileExecutor(Executor):
 
 def processes_for(requested: int | None) -> int:
     """Worker processes for compiling ahead: LOADBENCH_COMPILE_PROCESSES, else one per
-    core up to 16; 0 (threads only) on a machine of fewer than four cores or without
-    os.fork."""
+    core up to 16; 0 (threads only) on a machine of fewer than four cores, without
+    os.fork, or on a Triton the shim is not made for."""
     if requested is None:
         requested = env.read("LOADBENCH_COMPILE_PROCESSES")
     cores = os.cpu_count() or 1
-    if not hasattr(os, "fork"):
+    if not ENABLED or not hasattr(os, "fork"):
         return 0
     if requested is None:
         return min(16, cores) if cores >= 4 else 0

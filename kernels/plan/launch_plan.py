@@ -1,27 +1,13 @@
-"""Launch planning for the fused linear + activation kernels (kernels/linear_act.py):
-what a kernel launch at a given shape runs with, worked out without running anything.
+"""Launch planning for the fused linear + activation kernels, without running anything.
 
-- `LaunchConfig`: a kernel's tile (output rows x columns, reduction step, warps,
-  stages, program group), its split-K slices (dW only) and its route ('triton';
-  'cublas': torch.mm plus our epilogue / prologue kernel; 'gemv', forward only: the
-  few-row kernel, for serving batches of at most GEMV_MAX_ROWS rows).
-- `heuristic_config`: the tile used where nothing was measured. `candidates` and
-  `tuning_candidates`: what tuning times for a shape (the tiles that fit the output,
-  split-K for weight gradients that leave SMs idle, the cuBLAS route), less what the
-  occupancy and reduction-step rules rule out.
-- `shape_key`: the shape class a measured tile holds for. Table and cache are keyed
-  by it: kernel, dtype, the dot's precision (the strict-fp32 mode or TF32), the
-  activation class (silu stores and re-reads its pre-activation; the others share
-  leaky_relu's tiles) and the shape class.
-- `_make_plan`: a configuration made into what a launch needs besides the tensors:
-  the grid and, for split-K, the batch rows per slice (on reduction-step boundaries,
-  never an empty slice) and the partial-sum kernel's grid.
-- The dot's precision per dtype (`_precision`: torch's float32 matmul precision and
-  LOADBENCH_STRICT_FP32) and the activation codes the kernels take (ACTIVATIONS).
-
-Which configuration a process launches (committed table, per-user cache, first-use
-tuning or this module's heuristic) is decided in kernels/launches.py. This module
-imports neither of the others: both import it.
+`LaunchConfig` (tile, split-K slices, route: 'triton', 'cublas', 'gemv'),
+`heuristic_config` (the tile where nothing was measured), `candidates` and
+`tuning_candidates` (what tuning times for a shape), `shape_key` (the shape class a
+measured tile holds for: kernel, dtype, dot precision, activation class, shape),
+`make_plan` (a configuration made into a launch's grid and split-K slices), the dot's
+precision per dtype (`precision_for`) and the activation codes the kernels take
+(ACTIVATIONS, CLASS_OF). Which configuration a process launches is decided in
+kernels/plan/launches.py; this module imports neither it nor the ops.
 """
 
 from __future__ import annotations
@@ -36,7 +22,7 @@ import torch
 
 from kernels import env
 
-# The kernels' ACTIVATION codes (kernels/linear_act.py).
+# The kernels' ACTIVATION codes (kernels/ops/linear_act.py).
 ACTIVATIONS = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
 SILU = ACTIVATIONS["silu"]
 
@@ -133,7 +119,7 @@ def _bucket(n: int) -> int:
 # its own class, so this costs no tuning beyond the silu layers.
 ACTIVATION_CLASSES = {"identity": "identity", "silu": "silu"}  # any other: "pointwise"
 TIMED_ACTIVATION = {"identity": "identity", "silu": "silu", "pointwise": "leaky_relu"}
-_CLASS_OF = {code: ACTIVATION_CLASSES.get(name, "pointwise") for name, code in ACTIVATIONS.items()}
+CLASS_OF = {code: ACTIVATION_CLASSES.get(name, "pointwise") for name, code in ACTIVATIONS.items()}
 # Version of the key below. Tables and cache entries keyed before the precision and
 # the activation class were part of the key (format 1) are not reused.
 KEY_FORMAT = 2
@@ -141,7 +127,7 @@ KEY_FORMAT = 2
 
 def activation_class(activation: int | str) -> str:
     """'identity', 'silu' or 'pointwise' (relu, leaky_relu, tanh, sigmoid)."""
-    return _CLASS_OF[ACTIVATIONS[activation] if isinstance(activation, str) else activation]
+    return CLASS_OF[ACTIVATIONS[activation] if isinstance(activation, str) else activation]
 
 
 def shape_key(
@@ -207,7 +193,7 @@ def candidates(dtype: torch.dtype, reduction: int | None = None) -> list[LaunchC
 
 
 def _programs(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> int:
-    return _make_plan(kernel, rows, cols, reduction, cfg).programs
+    return make_plan(kernel, rows, cols, reduction, cfg).programs
 
 
 def tuning_candidates(
@@ -279,7 +265,7 @@ def param_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
-def _precision(dtype: torch.dtype) -> str:
+def precision_for(dtype: torch.dtype) -> str:
     if dtype != torch.float32:
         return "ieee"  # 16-bit inputs: the tensor cores, fp32 accumulation
     return STRICT_FP32 if torch.get_float32_matmul_precision() == "highest" else "tf32"
@@ -291,7 +277,7 @@ def _precision(dtype: torch.dtype) -> str:
 KERNELS = ("fwd", "dw", "dx")
 
 
-def _mnk(kernel: str, rows: int, cols: int, reduction: int) -> tuple[int, int, int]:
+def layer_mnk(kernel: str, rows: int, cols: int, reduction: int) -> tuple[int, int, int]:
     """(M, N, K) of the layer from a kernel's output rows x cols and its reduction."""
     if kernel == "fwd":
         return rows, cols, reduction
@@ -307,7 +293,7 @@ def kernel_shapes(m: int, n: int, k: int, input_grad: bool = True) -> list[tuple
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """Everything a launch needs besides the tensors, worked out once per shape."""
 
     cfg: LaunchConfig
@@ -316,22 +302,22 @@ class _Plan:
     m_per_split: int = 0  # dw: batch rows per slice
     sum_grid: tuple = ()  # dw with splits > 1: the partial-sum kernel's grid
     # A cuBLAS-route plan's fused alternative for calls no graph captures, where the host
-    # bounds the step (kernels/launches.py, "Eager calls"); None: the same plan always.
-    eager: _Plan | None = None
+    # bounds the step (kernels/plan/launches.py, "Eager calls"); None: the same plan always.
+    eager: Plan | None = None
 
     @property
     def programs(self) -> int:
         return math.prod(self.grid) if self.grid else 0
 
 
-def _make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> _Plan:
+def make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConfig) -> Plan:
     if cfg.backend == GEMV:
         if kernel != "fwd":
             raise ValueError(f"the gemv route is forward-only; {kernel} was given {cfg.describe()}")
-        return _Plan(cfg, (cdiv(cols, cfg.block_c), cdiv(rows, cfg.block_r)))
+        return Plan(cfg, (cdiv(cols, cfg.block_c), cdiv(rows, cfg.block_r)))
     if cfg.backend == CUBLAS:  # only the forward's epilogue has a grid per shape
         fwd = kernel == "fwd"
-        return _Plan(cfg, (cdiv(rows, EPILOGUE_BLOCK[0]), cdiv(cols, EPILOGUE_BLOCK[1])) if fwd else ())
+        return Plan(cfg, (cdiv(rows, EPILOGUE_BLOCK[0]), cdiv(cols, EPILOGUE_BLOCK[1])) if fwd else ())
     tiles = cdiv(rows, cfg.block_r) * cdiv(cols, cfg.block_c)
     if kernel == "dw" and cfg.split_k > 1:
         steps = cdiv(reduction, cfg.block_red)
@@ -339,5 +325,5 @@ def _make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchCon
         splits = cdiv(reduction, per_split) if reduction else 1
         if splits > 1:
             sum_grid = (cdiv(rows * cols + rows, SUM_BLOCK),)
-            return _Plan(cfg, (tiles, splits), splits, per_split, sum_grid)
-    return _Plan(cfg, (tiles,), 1, reduction)
+            return Plan(cfg, (tiles, splits), splits, per_split, sum_grid)
+    return Plan(cfg, (tiles,), 1, reduction)

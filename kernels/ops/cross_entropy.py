@@ -3,25 +3,13 @@
     loss = mean_i (logsumexp(x_i) - x_i[t_i])          x (B, C) logits, t (B,) classes
     dx   = (softmax(x) - onehot(t)) / B
 
-One pass over the logits: each row's max, exp-sum, loss and gradient come from one
-load of the row, in fp32 whatever the logits' dtype; the gradient is written in the
-logits' dtype (what autocast's fp32 cross-entropy hands back to a bf16 head) and the
-loss in fp32. The forward writes the gradient for a loss gradient of 1; backward only
-scales it by the incoming loss gradient. The class dimension is one power-of-two block
-with the columns past C masked, rows go BLOCK_ROWS at a time, and the last block of a
-batch of any size is masked, so a partial last batch is right.
-
-The kernel is launched directly from a torch.autograd.Function rather than through a
-torch.library.triton_op (kernels/linear_act.py's style): measured on an H100, forward
-and backward cost 305 us of host time through the op's eager dispatch, 192 us this way,
-147-158 us through F.cross_entropy; the eager fast loop pays it every step. CUDA-graph
-capture and the interpreter (TRITON_INTERPRET=1, CPU tensors) work the same way
-(torch.compile documents support for both; not exercised here).
-
-A batch of up to ROWS_PER_PROGRAM rows (every training batch here) is one program
-that sums the loss in a fixed order: deterministic, no second launch. A larger batch
-is split over programs that add their partial sums atomically (order not fixed). No
-class weights, label smoothing or ignore_index: every target must be in [0, C).
+One load of each row gives its max, exp-sum, loss and gradient, in fp32 whatever the
+logits' dtype; the gradient is written in the logits' dtype, the loss in fp32, and
+backward only scales the stored gradient. A batch of up to ROWS_PER_PROGRAM rows is one
+program summing in a fixed order (deterministic); larger batches add partial sums
+atomically. Launched from a torch.autograd.Function, not a torch.library op, for host
+time on the eager loop. No class weights, label smoothing or ignore_index: every target
+must be in [0, C). Design notes and measurements: docs/results-kernels.md.
 """
 
 from __future__ import annotations
@@ -30,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_plan import cdiv
-from kernels.launch_plan import next_power_of_2
+from kernels.plan.launch_plan import cdiv
+from kernels.plan.launch_plan import next_power_of_2
 
 ROWS_PER_PROGRAM = 1024
 TILE = 2048  # elements per loop iteration: BLOCK_ROWS x BLOCK_C

@@ -1,37 +1,13 @@
 """The per-user cache of launch configurations tuned on first use.
 
-A GPU model the committed table (kernels/launch_table.json) does not cover gets its
-tiles measured once, on first use (kernels/launches.py decides when); the winners
-land here, so later runs, other shards and other checkouts of the same user reuse
-them. This module only stores and reads; it knows nothing about kernels.
-
-Where: one JSON file, `launch-cache.json`, in LOADBENCH_CACHE_DIR if set, else the
-platform's cache directory (Linux: $XDG_CACHE_HOME or ~/.cache; macOS:
-~/Library/Caches; Windows: %LOCALAPPDATA%), under `mlp-loadbench/`.
-
-What: entries are grouped by `cache_key(gpu, triton, torch)`: a tile measured on one
-GPU model with one Triton and torch build says nothing about another (a new Triton
-compiles the same tile differently), so a version change re-tunes instead of trusting
-stale numbers. Inside a group, entries are keyed by `launch_plan.shape_key`: kernel,
-dtype, the dot's precision (strict fp32 runs 'tf32x3' or 'ieee', TF32 'tf32'; 16-bit
-'ieee'), activation class ('pointwise', 'silu', 'identity') and the shape class. Keys
-written before the precision and the activation class were in them ('dw:float32:512:
-512:512') stay in the file and are simply never matched: such a shape is tuned again.
-
-    {"format": 1,
-     "groups": {"NVIDIA H100 80GB HBM3 | triton 3.6.0 | torch 2.11.0+cu130":
-                  {"dw:float32:tf32x3:pointwise:512:512:512": {"config": {...}, "ms": ..., ...}}}}
-
-Writes are atomic and merge: take the lock file (fcntl.flock, where the platform has
-it), re-read the file, add the entry, write a temporary file beside it and os.replace
-it over the old one. Several processes (shards, one per GPU) tuning at once therefore
-each add their entries and none is lost, and a reader never sees half a file. A file
-that does not parse is ignored with one warning (and replaced by the next write): a
-cache is never a reason to fail a run.
-
-LOADBENCH_TUNE picks the policy (`tune_mode_from_env`): 'off' (committed table, then
-the heuristic), 'cache' (the default: table, then this cache, else tune and store),
-'always' (re-tune every shape class once per process and store the result).
+One JSON file, `launch-cache.json`, under `mlp-loadbench/` in LOADBENCH_CACHE_DIR or
+the platform's cache directory. Entries are grouped by `cache_key(gpu, triton, torch)`
+(a version change re-tunes) and keyed inside a group by `launch_plan.shape_key`.
+Writes are atomic and merge (lock file, re-read, add, write beside, os.replace), so
+processes tuning at once lose no entry and a reader never sees half a file; a file
+that does not parse is ignored with one warning. LOADBENCH_TUNE picks the policy
+(`tune_mode_from_env`): 'off', 'cache' (the default) or 'always'. This module only
+stores and reads; it knows nothing about kernels.
 """
 
 from __future__ import annotations
