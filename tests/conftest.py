@@ -18,3 +18,11 @@ if _WORKERS and _WORKERS.isdigit() and int(_WORKERS) > 1:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pytest runs a test starts (pytester, subprocesses) are sessions of their own, not
+    xdist workers: pytest-benchmark disables itself where PYTEST_XDIST_WORKER is set."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
