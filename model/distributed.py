@@ -1,39 +1,18 @@
 """Data-parallel training launched with torchrun: DistributedDataParallel, or one flat
-all-reduce per step replayed from CUDA graphs.
+all-reduce per step replayed from CUDA graphs (model/dp_graph.py).
 
 Same math as single-process training at the same global batch: every rank draws the
-same permutation (same seed), takes its contiguous share of each global batch, and
-scales its loss so that the all-reduced gradient is exactly the mean over the global
-batch, the last partial batch included. NCCL on GPUs, gloo on CPUs. Batches come from
-device-resident data as in the fast loop. Which loop runs follows ``TrainConfig.loop``:
+same permutation, takes its contiguous share of each global batch and scales its loss
+so the all-reduced gradient is the global batch's mean. NCCL on GPUs, gloo on CPUs.
+``TrainConfig.loop`` picks DDP on the eager fast loop ('fast', 'reference') or the
+flat-buffer loop ('graph', 'step-graph'); the record names the loop that ran and, where
+it is not the one asked for, why (``note``).
 
-- ``'fast'`` (and ``'reference'``): DistributedDataParallel on the eager fast loop;
-  DDP's bucketed all-reduce overlaps the backward pass.
-- ``'graph'`` / ``'step-graph'``: model/dp_graph.py, the flat gradient buffer
-  all-reduced in buckets beside the backward pass (LOADBENCH_DP_BUCKET_MB) and the
-  fused optimizer kernel, replayed from CUDA graphs of the epoch (or one per step) on
-  NCCL; with LOADBENCH_DP_GRAPH=0, and on gloo, the same step runs eagerly. The record's
-  ``allreduce_buckets`` gives the buckets' sizes in bytes, in launch order.
-
-The record names both (``data_parallel``, ``loop``: the loop that ran) and, where that
-is not the loop asked for, says why (``note``). The all-reduce share of epoch
-time comes from a profile of one more epoch on rank 0 (torch.profiler): NCCL kernel
-time (gloo: all-reduce time) over that epoch's time, hidden behind the backward pass
-or not (so it no longer bounds the gain of a loop that overlaps).
-
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m model.distributed \\
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m model.distributed \
         --config '{"width": 512, "loop": "graph"}' --out result.json
 
-`launch` runs that command with a timeout and stops every rank if one fails or hangs,
-if the caller is interrupted, or (on Linux) if the calling process dies. A hung rank
-inside a replayed graph is out of reach of NCCL's watchdog (captured collectives are
-not tracked), so the launcher's timeout is what ends it; its error then carries what
-the ranks wrote (their errors, the end of their output). With LOADBENCH_DUMP_STACKS_S=N
-each rank prints every thread's Python stack every N seconds (faulthandler), so a
-timed-out run says where each rank stood. A rank destroys its CUDA graphs before its
-process group (NCCL waits for them), and a process-group teardown that still does not
-return within TEARDOWN_TIMEOUT_S ends the rank (with its exit status) rather than
-hanging it.
+`launch` runs that command with a timeout and stops every rank if one fails or hangs;
+the teardown and hang handling are described in docs/model.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,17 @@
 """Data parallelism over one flat gradient buffer, replayed from CUDA graphs on GPUs.
 
-Why not DDP here: DDP starts its bucketed all-reduces from autograd hooks on the host,
-and its eager loop pays the host's launch cost of every step's few dozen short kernels;
-at this MLP's size that launch cost, not the arithmetic, sets the epoch time (the
-4x H200 measurement that prompted this loop: 0.29-0.33 s per epoch for one eager DDP
-rank at width 512, 0.035 s for one GPU's whole-epoch graph). The gradients of the
-optimal MLP are 2.3 MB: one all-reduce of the whole buffer is one NCCL call, 30 us on
-2x H100 (NVLink), when it waits for the whole backward pass: 11% of a weak-scaling
-epoch, and most of what kept two GPUs at 0.84 of linear. So the gradient is all-reduced
-in buckets (`GradientBuckets`): contiguous spans of the flat buffer, last layers first,
-each launched from autograd as soon as backward has accumulated every gradient in it,
-and running beside the backward of the layers before it; only the last bucket (the
-first layer's, small: 75 inputs) waits at the end.
-
 A step on every rank: zero the flat gradient, forward and backward on the rank's
-contiguous share of the global batch with the buckets' SUM all-reduces launched as
-they fill (kernels/ops/optim.py's FlatOptimizer keeps every gradient as a view of the flat
-buffer), a wait for the last of them, then the optimizer's one kernel.
-LOADBENCH_DP_BUCKET_MB sets the bucket size (default 1 MiB: a bucket closes once it
-holds at least that much); 0 all-reduces the whole buffer once after the backward pass. Each rank's loss is its share's mean scaled by share / global
-batch, so the sum over ranks is the gradient of the global batch's mean loss: the
-single-process math, the last partial batch included (a rank whose share is empty
-still joins the all-reduce with zeros). Every rank draws the same permutation from
-the same seed and starts from rank 0's weights.
+contiguous share of the global batch with the gradient all-reduced in buckets
+(`GradientBuckets`, LOADBENCH_DP_BUCKET_MB; last layers first, each launched as soon as
+backward has filled it), a wait for the last bucket, then the flat optimizer's one
+kernel. Each rank's loss is scaled so that the summed gradient is the global batch's
+mean: the single-process math, the last partial batch included.
 
-Which loop runs (`resolve_loop`): on NCCL, ``loop='graph'`` captures the whole epoch as
-graphs of model/graph_loop.py's STEPS_PER_GRAPH steps (its warm-up, reset and capture),
-the all-reduces included, and ``'step-graph'`` one graph per step. LOADBENCH_DP_GRAPH=0
-in the ranks' environment runs the same step eagerly instead (the NCCL all-reduce of the
-flat buffer, the fused optimizer kernel), and the record's ``loop`` and ``note`` say so.
-Elsewhere (gloo on a CPU) the step always runs eagerly, so CPU tests check the math.
-
-Teardown: NCCL does not destroy or abort a communicator while a CUDA graph that
-captured one of its collectives is alive (ncclCommDestroy waits for the graphs'
-references to go), so a rank must destroy its graphs before
-dist.destroy_process_group(): `FlatDataParallel.release`, which model/distributed.py
-calls first. Measured on 2x H100 80GB HBM3 (torch 2.11.0+cu130, NCCL 2.28.9), two
-ranks capturing one all-reduce in a graph and replaying it: with the graph alive,
-destroy_process_group never returned; with the graph released first, it returned in
-0.4 s. That was the "hang" of the first graph runs: training had finished. Captured
-and eager collectives on one communicator mix without trouble there (the epoch's loss
-all-reduce and the barrier are eager), with NCCL's graph-mixing support on or off.
-A rank stuck inside a replay is still out of reach of NCCL's watchdog (captured work is
-not tracked): the launcher's timeout ends it, and LOADBENCH_DUMP_STACKS_S=N makes each
-rank print its threads' stacks every N seconds so the timeout's error says where.
+On NCCL, ``loop='graph'`` captures the whole epoch and ``'step-graph'`` one graph per
+step; LOADBENCH_DP_GRAPH=0, and gloo on a CPU, run the same step eagerly. A rank must
+destroy its graphs before its process group (`FlatDataParallel.release`): NCCL waits
+for graphs that captured its collectives. Why this loop and what it measured:
+docs/data-parallel.md and docs/model.md.
 """
 
 from __future__ import annotations

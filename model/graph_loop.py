@@ -1,23 +1,14 @@
 """The fast loop replayed from CUDA graphs: the whole epoch, or one graph per step.
 
-At these sizes a training step is a few dozen short kernels, so launching them from
-Python costs more than running them; a graph launches them all at once. The data
-and the permutation buffer stay where they are: each epoch refills the permutation
-in place (outside the graph, asynchronously) and replays.
+At these sizes a step is a few dozen short kernels, so launching them from Python costs
+more than running them; a graph launches them all at once. ``loop='graph'`` unrolls
+every step of the epoch (the last partial batch included) into graphs of
+STEPS_PER_GRAPH steps; ``loop='step-graph'`` captures one graph for a full batch and
+one for the partial batch, each reading its indices from a static buffer.
 
-- whole epoch (``loop='graph'``): every step of the epoch, the last partial batch
-  included, unrolled into graphs of STEPS_PER_GRAPH steps; one replay of each per epoch.
-- per step (``loop='step-graph'``): one graph for a full batch and one for the
-  partial batch, each reading its batch indices from a static buffer; one replay per
-  step.
-
-The first call warms up (allocator growth, cuBLAS workspaces, optimizer state,
-Triton compilation) on a side stream, puts parameters and optimizer state back
-as they were, then captures; so the trajectory matches the eager fast loop's.
-The optimizer's step must be capturable: its step count on the device, no host
-read (torch's capturable optimizers, the trainer's CapturableAdagrad,
-kernels/ops/optim.py's FlatOptimizer). This module knows only the step function, the
-model's parameters, the optimizer and the data.
+The first call warms up on a side stream, puts parameters and optimizer state back as
+they were, then captures, so the trajectory matches the eager fast loop's. The
+optimizer's step must be capturable (its step count on the device, no host read).
 """
 
 from __future__ import annotations

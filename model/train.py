@@ -1,28 +1,16 @@
 """Training: the study's optimizers, precision modes and loops.
 
-Loops, all with the same math (cross-entropy, one optimizer step per batch, the last
-partial batch kept as a smaller batch, as the study's DataLoader did):
+Every loop has the same math (cross-entropy, one optimizer step per batch, the last
+partial batch kept): ``reference`` is the study's DataLoader loop with a per-step
+``loss.item()``; ``fast`` keeps data on the device, slices batches from a device
+``randperm`` and reads the loss once per epoch; ``graph`` and ``step-graph`` replay the
+fast loop from CUDA graphs (model/graph_loop.py; on a CPU they run the fast loop and
+say so). ``TrainConfig.optimizer_impl`` picks torch.optim and F.cross_entropy
+('torch') or one flat-buffer optimizer kernel and one fused loss kernel ('triton').
 
-- ``reference``: the study's loop, kept so every run can measure the gap to it: a
-  DataLoader over a TensorDataset with shuffle, which gathers samples one by one on
-  the host side, and a per-step ``loss.item()``.
-- ``fast``: data stays on the device, batches are slices of a device ``randperm``, a
-  fused (or foreach) optimizer, and no host synchronisation inside an epoch: the
-  loss is summed on the device and read once per epoch.
-- ``graph`` and ``step-graph``: the fast loop replayed from CUDA graphs, one graph
-  per epoch or one per step (model/graph_loop.py); on a CPU they run the fast loop and
-  say so in the result. Every study optimizer's step is captured: Adam, SGD and
-  RMSprop through torch's capturable implementations, Adagrad through
-  `CapturableAdagrad` (torch's reads its step count on the host).
-
-``TrainConfig.optimizer_impl`` picks what runs around the layers in a step: 'torch'
-(torch.optim and F.cross_entropy) or 'triton' (the parameters in one flat buffer
-updated by one kernel, kernels/ops/optim.py, and the loss and its gradient from one
-kernel, kernels/ops/cross_entropy.py); the math is the same.
-
-`Trainer` splits setup (model and optimizer), `fit` (the part a benchmark times) and
-`evaluate`, and reports each epoch through a callback so a harness can time and show
-progress without the loop knowing about it.
+`Trainer` splits setup, `fit` / `run_epoch` (what a benchmark times) and `evaluate`,
+and reports each epoch through a callback, so a harness can time and show progress
+without the loop knowing about it. Longer notes: docs/model.md.
 """
 
 from __future__ import annotations
