@@ -1,31 +1,14 @@
 """Data-parallel training cases: strong and weak scaling against one GPU's graph loop.
 
 Each case launches torchrun with `world` ranks (NCCL, one GPU each; gloo on a CPU) and
-trains through one of two data-parallel loops (model/distributed.py):
-
-- ``graph``: the flat gradient buffer all-reduced once per step and the fused optimizer
-  kernel (model/dp_graph.py), replayed from CUDA graphs of the epoch on NCCL. With
-  LOADBENCH_DP_GRAPH=0, and on gloo, the same step runs eagerly: the record's ``loop`` says which
-  ran ('graph' or 'fast') and ``note`` why, so an eager case is never read as a graph one.
-- ``ddp``: DistributedDataParallel on the eager fast loop, kept as the comparison.
-
-Scaling: strong at a global batch of 512 and 2048 (the batch split over the ranks),
-weak at 512 per rank. The question a user asks is whether more GPUs beat one GPU at
-its best, so every case is measured against the single-GPU graph loop (one process,
-model.train.Trainer with loop 'graph', the same configuration; global batch 512 for
-weak scaling), trained in this process once per session before the case's ranks
-start. Against that: ``speedup_vs_one_gpu`` and ``efficiency_vs_one_gpu`` (speed-up
-per GPU). Against world size 1 of the same data-parallel loop, in the same session:
-``efficiency_vs_world1``. An epoch is the whole training set at every world size, so
-every efficiency is the epoch-time speed-up divided by the world size.
-
-``allreduce_share`` is rank 0's all-reduce time over the epoch time in one profiled
-epoch after training (``allreduce_profile`` holds the figures); the flat loop runs its
-all-reduces beside the backward pass in buckets (``allreduce_buckets``, bytes each;
-LOADBENCH_DP_BUCKET_MB sets their size, 0 for one after the backward pass), so the
-share is NCCL's time, not the time it adds. The monitor watches
-every local GPU that takes part; each GPU's load is summarized over rank 0's training
-window, not torchrun's start-up.
+trains through the flat-buffer loop (``graph``, model/dp_graph.py) or DDP on the eager
+fast loop (``ddp``); the record's ``loop`` says which ran and ``note`` why. Scaling is
+strong at a global batch of 512 and 2048 and weak at 512 per rank. Every case is
+measured against the single-GPU graph loop of the same configuration, trained in this
+process once per session (``speedup_vs_one_gpu``, ``efficiency_vs_one_gpu``), and
+against world size 1 of its own loop (``efficiency_vs_world1``). ``allreduce_share`` is
+rank 0's all-reduce time over one profiled epoch. The record's fields in full:
+docs/data-parallel.md.
 """
 
 from __future__ import annotations

@@ -4,33 +4,13 @@
     python -m bench.tools.bench_cells --tune cache --cache-dir ~/.cache/mlp-loadbench
     python -m bench.tools.bench_cells --batches 64 --widths 2048 --precisions bf16 --activations silu
 
-Phase 1, tuning: in an empty cache directory (a fresh temporary one unless --cache-dir
-names one, which is then emptied), one eager training step (forward + backward) of the
-triton MLP at every batch x width the five experiments train (bench/cases.py varies
-one axis around batch 512 x width 512; depth, activation and optimizer leave the layer
-shapes alone), in each precision, and silu at 512 x 512 (the act experiment's; silu
-is its own activation class, relu, tanh and sigmoid share leaky_relu's). The first
-call of each shape class tunes it, as a user's first run on a new GPU model would:
-seconds per configuration, kernels tuned, and the tuner's counts (candidates, quick
-and full timings, kernels compiled ahead).
-With --tune always (the default) the committed table is ignored, so this measures the
-full cost on any GPU, the H100 of the table included; --tune cache shows what a user
-of this checkout pays.
-
-Phase 2, cells: bench/test_kernels.py's measurement (the bench imports it from here):
-one forward + backward of the MLP (3 hidden blocks, head, loss gradient) per batch x
-width x precision with leaky_relu, and every activation at 512 x 512, timed for eager
-torch, torch.compile and our kernels, eagerly (do_bench, in EAGER_ROUNDS rounds of
-EAGER_ROUND_MS taking the implementations in turn, the median round each) and replayed
-from CUDA graphs (do_bench_cudagraph). A cell the tuning phase did not cover tunes on
-its untimed warm-up step. A failing baseline (torch.compile on one cell, say) is
-recorded and the cell goes on without it. The cells the issue names as losing come
-first, so a time limit cuts the others. --tune-only stops after the tuning phase.
-
-Prints one line per cell as it finishes and a compact table at the end: our time
-under graphs, each baseline's, the speedup over the best baseline (< 0.95 is a losing
-cell), where the cell's tiles came from and the non-default routes (split-K, cuBLAS).
---json is rewritten after every cell; --budget-s stops starting new cells in time.
+Phase 1 tunes, in an empty cache, every batch x width x precision the five experiments
+train, as a user's first run on a new GPU model would (--tune-only stops there). Phase
+2 times one forward + backward of the MLP per cell for eager torch, torch.compile and
+our kernels, eagerly and replayed from CUDA graphs (bench/test_kernels.py imports this
+measurement). One line per cell as it finishes, a table at the end; --json is rewritten
+after every cell and --budget-s stops starting new cells in time. Details:
+docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -6,32 +6,10 @@
     python -m bench.tools.tune --from-cache ~/.cache/mlp-loadbench/launch-cache.json
     python -m bench.tools.tune --dry-run --experiments  # what first-use tuning costs, no GPU
 
-Shapes: every Linear of the MLP (the first layer's K = 75, the hidden layers, the
-head's N = 10) at each batch x width of bench/test_kernels.py's grid (--experiments:
-only the pairs the five experiments train, what first-use tuning must cover), each
-kernel (forward, weight gradient, input gradient), dtype (fp32 at the strict-fp32 mode
-LOADBENCH_STRICT_FP32 picks, bf16) and activation class (the grid's leaky_relu for
-relu, leaky_relu, tanh and sigmoid; silu at 512 x 512, the act experiment's; identity
-for the head). Shapes that fall in one shape class (`launch_plan.shape_key`) are tuned
-once.
-
-Tuning is first-use tuning's own (`launches.Launches.tune`): the candidates of
-`launch_plan.tuning_candidates` (tiles that fit the output and pass the occupancy
-rule, split-K for weight gradients that leave SMs idle, the cuBLAS route) compiled at
-once in forked workers (kernels/runtime/compile_pool.py), each timed briefly from a CUDA graph,
-the fastest few timed again properly (here with more calls and replays than on first
-use: this table is committed). The table is keyed by the GPU's name, so tables of several GPU models live
-side by side, and wins over the per-user cache (kernels/plan/tuning_cache.py). Its entries
-are the cache's (route included: split_k, backend), with their timings as evidence.
-
---from-cache writes a first-use tuning cache's groups into the table instead of
-measuring: what a user's runs (or `bench.tools.bench_cells --cache-dir`) tuned becomes the
-committed entries for that GPU model, each with its own timing as evidence, and the
-group's Triton and torch versions recorded beside it.
-
---dry-run lists the shapes and counts candidates, timings, kernel executions and
-distinct Triton compilations, under the present policy and the one before it (every
-candidate timed fully, no occupancy rule, no class dedupe); it needs no GPU.
+Every Linear of the MLP at each batch x width of the grid, each kernel, dtype and
+activation class, tuned once per shape class with first-use tuning's own tuner
+(kernels/plan/tuning.py) and timed longer, since the table is committed. The table is
+keyed by the GPU's name and wins over the per-user cache. Details: docs/kernels.md.
 """
 
 from __future__ import annotations
