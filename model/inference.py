@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from model.axes import SERVING_IMPLS
 from model.compress import Compression
 from model.compress import Unsupported
 from model.compress import compress
@@ -49,7 +50,7 @@ LATENCY_ROUNDS = 5  # the calls split into rounds: one p99 per round for the noi
 # 27-41 us in the others); a new CUDA graph, for one, is uploaded at its first launch.
 LATENCY_WARMUP = {"cuda": 50, "cpu": 3}
 BATCHES = (512, 4096)
-IMPLS = ("torch", "compile", "triton")
+IMPLS = SERVING_IMPLS
 THROUGHPUT_SECONDS = {"cuda": 0.5, "cpu": 0.2}  # timed per batch size (the energy counter needs a window)
 MAX_REPEATS = 100_000
 WARMUP_CALLS = 3  # before timing or capture: compilation, autotuning, allocator growth
