@@ -33,13 +33,13 @@ from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import GpuProbe
 from bench.monitor.sampler import LoadMonitor
 from bench.plugin import get_session
-from bench.plugin.budgets import check_drop_growth
-from bench.plugin.budgets import check_inference
-from bench.plugin.compare import case_history
-from bench.plugin.compare import check_latency
-from bench.plugin.compare import estimate_noise
-from bench.plugin.compare import latency_rounds
-from bench.plugin.verdict import decide
+from bench.gate.budgets import check_drop_growth
+from bench.gate.budgets import check_inference
+from bench.gate.runs import case_history
+from bench.gate.timing import check_latency
+from bench.gate.timing import estimate_noise
+from bench.gate.timing import latency_rounds
+from bench.gate.verdict import decide
 from bench.plugin.fixture import LoadBench
 from kernels import env as loadbench_env
 from model.compress import VARIANTS

@@ -1,19 +1,158 @@
-"""Saved runs for the report: find pytest-benchmark run files and read the ones we can.
+"""Run files: read one, find them in a storage, and pick the runs that measured alike.
 
-A missing, corrupt or foreign file is skipped with a warning that names it; the
-caller decides what an empty result means.
+A run file is pytest-benchmark JSON made by mlp-loadbench (bench/gate/record.py says
+what it holds). `read_run` reads one for the gate and raises BaselineError naming the
+file; `load_runs` reads many for the report and skips, with a warning that names it,
+a missing, corrupt or foreign file; the caller decides what an empty result means.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.cases import study_order
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import gpu_name
-from bench.plugin.compare import read_run
+from bench.gate.record import INFERENCE_KIND
+from bench.gate.record import RECORD_KEY
+
+# What must match for a stored run to count in a case's noise history.
+HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "optimizer_impl", "precision", "plant",
+                    "latency_pin")  # fmt: skip
+# What a run made before a setting existed measured: its value then.
+SETTING_DEFAULTS: dict[str, Any] = {"latency_pin": False}
+MAX_HISTORY = 10  # newest stored runs used for the noise estimate
+
+
+class BaselineError(ValueError):
+    """A baseline run that cannot be read or was not made by mlp-loadbench."""
+
+
+def gpu_name(machine_info: dict[str, Any]) -> str:
+    gpu = machine_info.get(RECORD_KEY, {}).get("gpu") or {}
+    return str(gpu.get("name") or "no GPU")
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """A saved pytest-benchmark run made by mlp-loadbench; BaselineError otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BaselineError(f"baseline {path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        run = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(f"baseline {path}: corrupt JSON at line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(run, dict) or not isinstance(run.get("benchmarks"), list) or "machine_info" not in run:
+        raise BaselineError(f"baseline {path}: not a pytest-benchmark run file (no 'benchmarks' or 'machine_info')")
+    if RECORD_KEY not in run["machine_info"]:
+        raise BaselineError(
+            f"baseline {path}: a pytest-benchmark run, but not made by mlp-loadbench "
+            f"(machine_info has no {RECORD_KEY!r}); compare against a run of this suite"
+        )
+    return run
+
+
+MACHINE_LINE_MAX = 160  # characters of a machine_info difference line, before it names fewer keys
+VALUE_WIDTH = 20  # a setting's value shown in that line, at most
+
+
+def flat(info: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as dotted path -> leaf value (lists, None and empty dicts are leaves)."""
+    if not isinstance(info, dict) or (not info and prefix):
+        return {prefix: info}
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def machine_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """One short line naming what differs between this run's machine_info and a stored
+    run's: the settings with both values (this run's first), then the other keys by
+    name (those that decide whether the baseline gates first), as many as fit
+    MACHINE_LINE_MAX; None when they are alike. It stands in for
+    pytest-benchmark's warning, which prints both dicts whole."""
+    mine, saved = flat(ours), flat(theirs)
+    differ = sorted(key for key in mine.keys() | saved.keys() if mine.get(key) != saved.get(key))
+    if not differ:
+        return None
+    prefix = f"{RECORD_KEY}.settings."
+
+    def shown(value: Any) -> str:
+        text = "unset" if value is None else str(value)
+        return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 3] + "..."
+
+    def listed(items: list[str], most: int) -> str:
+        more = len(items) - most
+        return ", ".join(items[:most]) + (f" and {more} more" if more > 0 else "")
+
+    first = {f"{prefix}{key}": rank for rank, key in enumerate(HISTORY_SETTINGS)}  # what decides gating
+    first[f"{RECORD_KEY}.gpu.name"] = -1
+    differ.sort(key=lambda key: (first.get(key, len(first)), key))
+    settings = [f"{key[len(prefix):]} {shown(mine.get(key))} vs {shown(saved.get(key))}"
+                for key in differ if key.startswith(prefix)]  # fmt: skip
+    others = [key for key in differ if not key.startswith(prefix)]
+    # Fewer other keys first, then fewer settings, until the line fits.
+    counts = [(len(settings), n) for n in range(len(others), 0, -1)] or [(len(settings), 0)]
+    counts += [(n, min(1, len(others))) for n in range(len(settings) - 1, 0, -1)]
+    line = ""
+    for shown_settings, shown_others in counts:
+        parts = [f"settings {listed(settings, shown_settings)}"] if settings else []
+        parts += [listed(others, shown_others)] if others else []
+        line = f"baseline machine_info differs (this run vs baseline): {'; '.join(parts)}"
+        if len(line) <= MACHINE_LINE_MAX:
+            break
+    return line
+
+
+def same_measurement(gpu: str, settings: dict[str, Any], other_gpu: str, other_settings: dict[str, Any]) -> bool:
+    """Whether two runs measured the same thing: one GPU model and the HISTORY_SETTINGS alike."""
+    return gpu == other_gpu and all(setting(settings, key) == setting(other_settings, key) for key in HISTORY_SETTINGS)
+
+
+def setting(settings: dict[str, Any], key: str) -> Any:
+    """A run's setting, with SETTING_DEFAULTS standing in for runs made before it existed."""
+    return settings.get(key, SETTING_DEFAULTS.get(key))
+
+
+def comparable(run: dict[str, Any], baseline_run: dict[str, Any]) -> bool:
+    """Whether a stored run measured what the baseline measured: same GPU model and settings."""
+    return same_measurement(
+        gpu_name(run["machine_info"]), run["machine_info"][RECORD_KEY].get("settings", {}),
+        gpu_name(baseline_run["machine_info"]), baseline_run["machine_info"][RECORD_KEY].get("settings", {}),
+    )  # fmt: skip
+
+
+def load_history(baseline_path: Path, baseline_run: dict[str, Any], candidates: Sequence[Path]) -> list[dict[str, Any]]:
+    """The stored runs that tell a case's run-to-run noise: the baseline and the newest
+    earlier runs beside it or in the storage, on the same GPU model with the same
+    settings, oldest first. Files that are not our runs are passed over.
+
+    A long-lived runner's storage holds many runs: files are read newest-modified
+    first and reading stops once MAX_HISTORY - 1 earlier comparable runs are found."""
+    runs = {baseline_path.resolve(): baseline_run}
+    newest_first = sorted(candidates, key=lambda p: p.stat().st_mtime if p.exists() else 0.0, reverse=True)
+    for path in newest_first:
+        if len(runs) >= MAX_HISTORY:
+            break
+        if path.resolve() in runs:
+            continue
+        try:
+            run = read_run(path)
+        except BaselineError:
+            continue
+        if comparable(run, baseline_run) and str(run.get("datetime", "")) <= str(baseline_run.get("datetime", "")):
+            runs[path.resolve()] = run
+    ordered = sorted(runs.values(), key=lambda run: str(run.get("datetime", "")))
+    return ordered[-MAX_HISTORY:]
+
+
+def case_history(runs: Sequence[dict[str, Any]], fullname: str) -> list[dict[str, Any]]:
+    """The extra_info records of one case across stored runs."""
+    return [b.get("extra_info", {}) for run in runs for b in run["benchmarks"] if b.get("fullname") == fullname]
 
 
 @dataclass(frozen=True)
@@ -44,7 +183,7 @@ class Run:
 
 def is_inference(info: dict[str, Any]) -> bool:
     """A serving record, not a training case: the report draws it in the inference view."""
-    return info.get("kind") == "inference"
+    return info.get("kind") == INFERENCE_KIND
 
 
 def find_run_files(storage: Path) -> list[Path]:

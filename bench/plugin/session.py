@@ -20,24 +20,24 @@ import torch
 
 from bench.plugin.benchmark_options import check as check_benchmark_options
 from bench.plugin.benchmark_options import check_compare_fail
-from bench.plugin.budgets import Budgets
-from bench.plugin.budgets import BudgetError
+from bench.gate.budgets import Budgets
+from bench.gate.budgets import BudgetError
 from bench.monitor.sampler import GpuProbe
-from bench.plugin.budgets import dataset_key
+from bench.gate.budgets import dataset_key
 from bench.plugin.caches import KernelCaches
-from bench.plugin.compare import HISTORY_SETTINGS
-from bench.plugin.compare import RECORD_KEY
-from bench.plugin.compare import Baseline
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import load_history
-from bench.plugin.compare import make_baseline
-from bench.plugin.compare import read_run
-from bench.plugin.compare import setting
+from bench.gate.runs import HISTORY_SETTINGS
+from bench.gate.record import RECORD_KEY
+from bench.gate.compare import Baseline
+from bench.gate.runs import BaselineError
+from bench.gate.runs import load_history
+from bench.gate.compare import make_baseline
+from bench.gate.runs import read_run
+from bench.gate.runs import setting
 from bench.plugin.options import Options
 from bench.plugin.partial import PartialRun
-from bench.tools.shards import assign
-from bench.tools.shards import durations_of
-from bench.tools.shards import unit_of
+from bench.gate.shards import assign
+from bench.gate.shards import durations_of
+from bench.gate.shards import unit_of
 from model.data import DataError
 from model.data import Dataset
 from model.data import Frames
@@ -329,7 +329,7 @@ class LoadBenchSession:
         self.partial.write()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from bench.plugin.summary import render_summary
+        from bench.gate.summary import render_summary
 
         notes = list(self.baseline_messages)
         if not self.budgets.covers(self.options.dataset) and self.records:
