@@ -87,50 +87,85 @@ def estimate_noise(
     return Noise(math.sqrt(squares / dof), runs, source)
 
 
-def time_limit(budget: Budget, noise: Noise) -> tuple[float, str]:
+@dataclass(frozen=True)
+class SlowdownRule:
+    """The time rule's limits, read from a training budget's time_* keys or a serving
+    budget's latency_* keys; None means unset (the defaults above stand in)."""
+
+    slower_pct: float | None
+    noise_k: float | None = None
+    noise_unknown_pct: float | None = None
+    alpha: float | None = None
+    hard_ratio: float | None = None
+
+    @classmethod
+    def of(cls, budget: Budget | InferenceBudget | SlowdownRule) -> SlowdownRule:
+        """The rule a budget sets for its kind of record."""
+        if isinstance(budget, SlowdownRule):
+            return budget
+        if isinstance(budget, InferenceBudget):
+            return cls(budget.latency_slower_pct, budget.latency_noise_k, budget.latency_noise_unknown_pct,
+                       budget.latency_alpha)  # fmt: skip
+        return cls(budget.time_slower_pct, budget.time_noise_k, budget.time_noise_unknown_pct, budget.time_alpha,
+                   budget.time_hard_ratio)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What the time rule reads from one kind of record."""
+
+    metric: str  # the Failure's metric
+    samples: Callable[[dict[str, Any]], list[float]]  # within-run samples, for the Mann-Whitney U test
+    rounds: Callable[[dict[str, Any]], list[float]]  # one figure per round, for the run-to-run noise
+    figure: Callable[[dict[str, Any]], float | None]  # the figure whose ratio to the baseline's is judged
+    what: str  # the samples, as the test's verdict names them
+    shown: Callable[[dict[str, Any], float, float], str]  # the two figures in words
+
+
+def time_limit(budget: Budget | InferenceBudget | SlowdownRule, noise: Noise) -> tuple[float, str]:
     """The relative slowdown a case may show before it fails, and the rule that set it."""
-    pct = budget.time_slower_pct or 0.0
+    rule = SlowdownRule.of(budget)
+    pct = rule.slower_pct or 0.0
     if noise.known:
-        k = budget.time_noise_k if budget.time_noise_k is not None else DEFAULT_NOISE_K
+        k = rule.noise_k if rule.noise_k is not None else DEFAULT_NOISE_K
         bound = k * noise.spread  # type: ignore[operator]
-        rule = f"{k:g} x run-to-run spread {noise.spread:.2%} from {noise.source}"
+        why = f"{k:g} x run-to-run spread {noise.spread:.2%} from {noise.source}"
     else:
-        bound = (budget.time_noise_unknown_pct if budget.time_noise_unknown_pct is not None
-                 else DEFAULT_UNKNOWN_NOISE_PCT) / 100  # fmt: skip
-        rule = f"noise unknown ({noise.source}; needs {MIN_NOISE_DOF + 1} run medians): assumed {bound:.0%}"
+        bound = (rule.noise_unknown_pct if rule.noise_unknown_pct is not None else DEFAULT_UNKNOWN_NOISE_PCT) / 100
+        why = f"noise unknown ({noise.source}; needs {MIN_NOISE_DOF + 1} run medians): assumed {bound:.0%}"
     if pct / 100 >= bound:
-        return pct / 100, f"budget {pct:g}% (above {rule})"
-    return bound, rule
+        return pct / 100, f"budget {pct:g}% (above {why})"
+    return bound, why
 
 
-def check_time(
-    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
-) -> list[Failure]:
-    """Judge the median epoch against the baseline's; `history` holds stored records of
-    the same case (the baseline among them) for its run-to-run noise."""
-    now, then = time_samples(current), time_samples(baseline)
-    if not now or not then:
+def check_slowdown(
+    rule: SlowdownRule, timed: Timed, current: dict[str, Any], baseline: dict[str, Any], *,
+    history: Sequence[dict[str, Any]] = (),
+) -> list[Failure]:  # fmt: skip
+    """The one time rule, for epoch times and latencies alike: a Failure when the figure's
+    ratio to the baseline's passes the hard ratio, or passes the larger of slower_pct and
+    k x the run-to-run spread (`history`, stored records of the case with the baseline
+    among them, pooled with this run's rounds) while neither record was throttled and a
+    one-sided Mann-Whitney U test on the samples is below alpha."""
+    now, then = timed.samples(current), timed.samples(baseline)
+    figure_now, figure_then = (timed.figure(current), timed.figure(baseline)) if now and then else (None, None)
+    if not figure_now or not figure_then:
         return []
-    ratio = statistics.median(now) / statistics.median(then)
-    if budget.time_hard_ratio is not None and ratio > budget.time_hard_ratio:
-        return [Failure("epoch_time_ratio", ratio, budget.time_hard_ratio, 1.0, "hard ceiling on the median ratio")]
-    if budget.time_slower_pct is None:
+    ratio = figure_now / figure_then
+    if rule.hard_ratio is not None and ratio > rule.hard_ratio:
+        return [Failure(timed.metric, ratio, rule.hard_ratio, 1.0, "hard ceiling on the median ratio")]
+    if rule.slower_pct is None:
         return []
-    limit, rule = time_limit(budget, estimate_noise(history or [baseline], current))
+    limit, why = time_limit(rule, estimate_noise(history or [baseline], current, samples=timed.rounds))
     if ratio <= 1 + limit:
         return []
     if current.get("throttled") or baseline.get("throttled"):
         return []  # inconclusive: clocks were held down
-    significance = _significantly_slower(now, then, budget.time_alpha, "epochs")
+    significance = _significantly_slower(now, then, rule.alpha, timed.what)
     if significance is None:
         return []  # not significant within the run (with n <= 3 per side it never can be)
-    return [
-        Failure(
-            "epoch_time_ratio", ratio, 1 + limit, 1.0,
-            f"median epoch {statistics.median(now):.4g} s vs {statistics.median(then):.4g} s; limit from {rule}; "
-            f"{significance}",
-        )
-    ]  # fmt: skip
+    detail = f"{timed.shown(current, figure_now, figure_then)}; limit from {why}; {significance}"
+    return [Failure(timed.metric, ratio, 1 + limit, 1.0, detail)]
 
 
 def _significantly_slower(now: Sequence[float], then: Sequence[float], alpha: float | None, what: str) -> str | None:
@@ -148,33 +183,35 @@ def latency_rounds(extra_info: dict[str, Any]) -> list[float]:
     return [float(v) for v in extra_info.get("latency_p99_by_round_s") or []]
 
 
+def _median_epoch(extra_info: dict[str, Any]) -> float | None:
+    samples = time_samples(extra_info)
+    return statistics.median(samples) if samples else None
+
+
+EPOCH_TIME = Timed(
+    "epoch_time_ratio", time_samples, round_medians, _median_epoch, "epochs",
+    lambda record, now, then: f"median epoch {now:.4g} s vs {then:.4g} s",
+)  # fmt: skip
+LATENCY = Timed(
+    "latency_p99_ratio", latency_rounds, latency_rounds, lambda record: record.get("latency_p99_s"), "rounds' p99",
+    lambda record, now, then: f"batch-1 p99 {now * 1e6:.4g} us vs {then * 1e6:.4g} us ({record.get('latency_mode')})",
+)  # fmt: skip
+
+
+def check_time(
+    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+) -> list[Failure]:
+    """The median steady epoch against the baseline's, by `check_slowdown`; `history` holds
+    stored records of the same case (the baseline among them) for its run-to-run noise."""
+    return check_slowdown(SlowdownRule.of(budget), EPOCH_TIME, current, baseline, history=history)
+
+
 def check_latency(
     budget: InferenceBudget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
 ) -> list[Failure]:
-    """A served variant's batch-1 p99 against the baseline's, by the epoch-time rule: slower
-    than both latency_slower_pct and k x the run-to-run spread of per-round p99s (stored
-    runs pooled with this run's rounds), and a one-sided Mann-Whitney U test on the
-    rounds' p99s below latency_alpha. Records of different latency modes (a graph
-    replay against an eager loop) are not compared."""
-    now, then = latency_rounds(current), latency_rounds(baseline)
-    p99_now, p99_then = current.get("latency_p99_s"), baseline.get("latency_p99_s")
-    if not now or not then or not p99_now or not p99_then or budget.latency_slower_pct is None:
-        return []
+    """A served variant's batch-1 p99 against the baseline's, by `check_slowdown` over the
+    rounds' p99s. Records of different latency modes (a graph replay against an eager
+    loop) are not compared."""
     if current.get("latency_mode") != baseline.get("latency_mode"):
         return []
-    rule = Budget(time_slower_pct=budget.latency_slower_pct, time_noise_k=budget.latency_noise_k,
-                  time_noise_unknown_pct=budget.latency_noise_unknown_pct)  # fmt: skip
-    limit, why = time_limit(rule, estimate_noise(history or [baseline], current, samples=latency_rounds))
-    ratio = p99_now / p99_then
-    if ratio <= 1 + limit or current.get("throttled") or baseline.get("throttled"):
-        return []
-    significance = _significantly_slower(now, then, budget.latency_alpha, "rounds' p99")
-    if significance is None:
-        return []
-    return [
-        Failure(
-            "latency_p99_ratio", ratio, 1 + limit, 1.0,
-            f"batch-1 p99 {p99_now * 1e6:.4g} us vs {p99_then * 1e6:.4g} us ({current.get('latency_mode')}); "
-            f"limit from {why}; {significance}",
-        )
-    ]  # fmt: skip
+    return check_slowdown(SlowdownRule.of(budget), LATENCY, current, baseline, history=history)
