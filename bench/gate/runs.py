@@ -16,7 +16,10 @@ from typing import Any
 
 from bench.cases import study_order
 from bench.gate.record import INFERENCE_KIND
+from bench.gate.record import FORMAT_KEY
+from bench.gate.record import RECORD_FORMAT
 from bench.gate.record import RECORD_KEY
+from bench.gate.record import UNVERSIONED_FORMAT
 
 # What must match for a stored run to count in a case's noise history.
 HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "optimizer_impl", "precision", "plant",
@@ -52,7 +55,21 @@ def read_run(path: Path) -> dict[str, Any]:
             f"baseline {path}: a pytest-benchmark run, but not made by mlp-loadbench "
             f"(machine_info has no {RECORD_KEY!r}); compare against a run of this suite"
         )
+    made = run["machine_info"][RECORD_KEY]
+    found = made.get(FORMAT_KEY, UNVERSIONED_FORMAT) if isinstance(made, dict) else None
+    if not isinstance(found, int) or isinstance(found, bool) or found < UNVERSIONED_FORMAT:
+        raise BaselineError(f"baseline {path}: machine_info.{RECORD_KEY}.{FORMAT_KEY} = {found!r} is not a record format")
+    if found > RECORD_FORMAT:
+        raise BaselineError(
+            f"baseline {path}: record format {found} is newer than this code reads (up to {RECORD_FORMAT}); "
+            "read it with the mlp-loadbench that wrote it, or a newer one"
+        )
     return run
+
+
+def run_format(run: dict[str, Any]) -> int:
+    """The record format of a run `read_run` accepted: 1 for runs made before it was written."""
+    return int(run["machine_info"][RECORD_KEY].get(FORMAT_KEY, UNVERSIONED_FORMAT))
 
 
 MACHINE_LINE_MAX = 160  # characters of a machine_info difference line, before it names fewer keys

@@ -26,6 +26,8 @@ from bench.monitor.sampler import GpuProbe
 from bench.gate.budgets import dataset_key
 from bench.plugin.caches import KernelCaches
 from bench.gate.runs import HISTORY_SETTINGS
+from bench.gate.record import FORMAT_KEY
+from bench.gate.record import RECORD_FORMAT
 from bench.gate.record import RECORD_KEY
 from bench.gate.compare import Baseline
 from bench.gate.runs import BaselineError
@@ -196,6 +198,7 @@ class LoadBenchSession:
 
     def pytest_benchmark_update_machine_info(self, config: pytest.Config, machine_info: dict[str, Any]) -> None:
         machine_info[RECORD_KEY] = {
+            FORMAT_KEY: RECORD_FORMAT,  # readers refuse a run newer than they know (bench/gate/record.py)
             "gpu": self.gpu_info,
             "cuda": torch.version.cuda,
             "torch": torch.__version__,
