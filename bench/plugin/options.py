@@ -15,12 +15,14 @@ from bench.gate.args import parse_period
 from bench.gate.args import parse_shard
 from bench.gate.profiles import DEFAULT_BUDGETS
 from bench.gate.profiles import PROFILES
-from bench.gate.profiles import TIERS
 from bench.gate.profiles import Profile
-from model.config import IMPLS
-from model.config import LOOPS
-from model.config import OPTIMIZER_IMPLS
-from model.config import PRECISIONS
+from bench.gate.profiles import TIERS
+from model.axes import IMPLS
+from model.axes import Impl
+from model.axes import LOOPS
+from model.axes import OPTIMIZER_IMPLS
+from model.axes import PRECISIONS
+from model.axes import Precision
 
 
 @dataclass(frozen=True)
@@ -172,13 +174,13 @@ class Options:
             f"optimizer impl {self.optimizer_impl}, "
             f"precision {self.precision}, dataset {self.dataset}"
         )
-        if self.impl == "triton" and self.precision == "fp32":
+        if self.impl == Impl.TRITON and self.precision == Precision.FP32:
             line += f", strict fp32 kernel {self.strict_fp32}"
         if self.plant is not None:
             line += f"\nmlp-loadbench: PLANTED SLOWDOWN {self.plant} in every timed epoch (--plant-slowdown)"
             if self.plant.note:
                 line += f"; {self.plant.note}"
-        if self.impl == "triton" and self.device.type == "cpu":
+        if self.impl == Impl.TRITON and self.device.type == "cpu":
             line += (
                 "\nmlp-loadbench: --impl triton on a CPU runs Triton's interpreter, about 20 s per "
                 "step at width 512: select a few cases with -k and few --epochs"
