@@ -60,7 +60,7 @@ Writes ``OUT/selftest.md`` (the table, also printed) and ``OUT/suggested-budgets
 ``Budgets.load``). Exits 2 with one line on unusable input.
 
 Hand-written: the campaign (naming, checks), the counts, the suggestion and the outputs.
-The verdicts and the noise come from bench.plugin.compare unchanged.
+The verdicts and the noise come from bench.gate (timing, compare) unchanged.
 """
 
 from __future__ import annotations
