@@ -276,7 +276,7 @@ class LoadBenchSession:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """After -k and -m have deselected: leave out the nightly cases in the pr tier, then
-        with --shard i/n keep the i-th shard of what is left (bench/tools/shards.py says which)."""
+        with --shard i/n keep the i-th shard of what is left (bench/gate/shards.py says which)."""
         if self.options.tier == "pr":
             nightly = [item for item in items if item.get_closest_marker("nightly") is not None]
             if nightly:
