@@ -26,24 +26,19 @@ from typing import Any
 
 import pytest
 
-from bench.cases import EXPERIMENTS
 from bench.cases import Case
+from bench.cases import EXPERIMENTS
 from bench.cases import experiment_cases
+from bench.gate.judge import judge as judge_record
+from bench.gate.runs import case_history
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import GpuProbe
 from bench.monitor.sampler import LoadMonitor
 from bench.plugin import get_session
-from bench.plugin.budgets import check_drop_growth
-from bench.plugin.budgets import check_inference
-from bench.plugin.compare import case_history
-from bench.plugin.compare import check_latency
-from bench.plugin.compare import estimate_noise
-from bench.plugin.compare import latency_rounds
-from bench.plugin.verdict import decide
 from bench.plugin.fixture import LoadBench
 from kernels import env as loadbench_env
-from model.compress import VARIANTS
 from model.compress import Unsupported
+from model.compress import VARIANTS
 from model.compress import unsupported_reason
 from model.inference import IMPLS
 from model.inference import evaluate
@@ -168,28 +163,20 @@ def test_serving(benchmark, request, case: str, variant: str, impl: str) -> None
 
 
 def judge(session: Any, benchmark: Any, case: Case, variant: str, record: dict[str, Any]) -> None:
-    """Budgets and the baseline's p99, inside the test: each broken limit is one line of
+    """The gate's judge on this record, inside the test: each broken limit is one line of
     this test's failure, and the record (with its verdict) is already in extra_info."""
     options = session.options
     budget = session.budgets.resolve_inference(options.profile.name, variant, case.id, options.dataset)
     found = session.baseline_for(benchmark.fullname)
-    budget_failures = check_inference(budget, record)
-    baseline_failures = []
-    noise = None
-    if found is not None:
-        baseline, saved = found
-        history = case_history(baseline.history, benchmark.fullname) or [saved.get("extra_info", {})]
-        noise = estimate_noise(history, record, samples=latency_rounds)
-        if baseline.gating:
-            baseline_failures = check_latency(budget, record, saved.get("extra_info", {}), history=history)
-            baseline_failures += check_drop_growth(budget, record, saved.get("extra_info", {}))
-    verdict = decide(
-        budget_failures, baseline_failures,
-        baseline=str(found[0].path) if found is not None else None,
-        gating=found[0].gating if found is not None else False,
-        reason=found[0].reason if found is not None else session.no_baseline_reason,
-        noise=noise,
-    )  # fmt: skip
+    baseline, then = (found[0], found[1].get("extra_info", {})) if found is not None else (None, None)
+    verdict = judge_record(
+        record, budget, then=then,
+        history=case_history(baseline.history, benchmark.fullname) if baseline is not None else (),
+        baseline=str(baseline.path) if baseline is not None else None,
+        gating=baseline.gating if baseline is not None else False,
+        reason=baseline.reason if baseline is not None else session.no_baseline_reason,
+        profile=options.profile.name, epochs=options.epochs,
+    ).verdict  # fmt: skip
     record["verdict"] = verdict.as_dict()
     benchmark.extra_info["verdict"] = record["verdict"]
     if verdict.failures:

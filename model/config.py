@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from model.axes import IMPLS
+from model.axes import LOOPS
+from model.axes import OPTIMIZER_IMPLS
+from model.axes import PRECISIONS
+
 ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 OPTIMIZERS = ("adagrad", "rmsprop", "sgd", "adam")
-IMPLS = ("torch", "triton", "compile")
-PRECISIONS = ("fp32", "tf32", "bf16")
-LOOPS = ("reference", "fast", "graph", "step-graph")
-OPTIMIZER_IMPLS = ("torch", "triton", "compile")
 
 
 @dataclass(frozen=True)

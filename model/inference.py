@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from model.axes import Impl
+from model.axes import SERVING_IMPLS
 from model.compress import Compression
 from model.compress import Unsupported
 from model.compress import compress
@@ -56,7 +58,7 @@ LATENCY_WARMUP = {"cuda": 50, "cpu": 3}
 LATENCY_SECONDS = {"cuda": 2.0, "cpu": 2.0}
 LATENCY_MIN_CALLS = 100 * LATENCY_ROUNDS
 BATCHES = (512, 4096)
-IMPLS = ("torch", "compile", "triton")
+IMPLS = SERVING_IMPLS
 THROUGHPUT_SECONDS = {"cuda": 0.5, "cpu": 0.2}  # timed per batch size (the energy counter needs a window)
 MAX_REPEATS = 100_000
 WARMUP_CALLS = 3  # before timing or capture: compilation, autotuning, allocator growth
@@ -207,7 +209,7 @@ def measure(
     if pin and None in pinned_cpus:
         unavailable["latency_pinned_cpu"] = PIN_UNAVAILABLE
     report = classification_report(data.y_test.to(device), predictions, data.n_classes)
-    routes = forward_routes((1, *batches)) if impl == "triton" else None
+    routes = forward_routes((1, *batches)) if impl == Impl.TRITON else None
     notes.append(f"impl {impl}; throughput {'replayed from CUDA graphs' if use_graph else 'eager'}; "
                  f"accuracy from the batch-{max(batches)} callable that was timed")  # fmt: skip
     return {
@@ -318,7 +320,7 @@ def prepare(model: torch.nn.Module, impl: str, device: torch.device) -> torch.nn
     bf16 weights only (quantized and 2:4 tensors raise Unsupported); 'compile' is
     torch.compile with static shapes, one compilation per batch size."""
     model = model.to(device).eval()
-    if impl == "triton":
+    if impl == Impl.TRITON:
         mlps = [m for m in model.modules() if isinstance(m, MLP)]
         if not mlps:
             raise Unsupported("impl 'triton' routes model.mlp.MLP layers through the fused kernel; none inside")
@@ -335,7 +337,7 @@ def prepare(model: torch.nn.Module, impl: str, device: torch.device) -> torch.nn
         for mlp in model.modules():
             if isinstance(mlp, MLP):
                 mlp.impl = "triton"
-    elif impl == "compile":
+    elif impl == Impl.COMPILE:
         model = torch.compile(model, dynamic=False)
     return model
 
@@ -556,7 +558,7 @@ def evaluate(
     device = torch.device(device)
     model = trained_model(config, data, profile=profile, cache_dir=cache_dir)
     key = reference_key(config, data, device, profile)
-    plain = compression == Compression() and impl == "torch"
+    plain = compression == Compression() and impl == Impl.TORCH
     if key not in _REFERENCES and not plain:
         _REFERENCES[key] = measure(model, data, device, **_reference_options(measure_options))
     served = compress(model, compression, data, config)

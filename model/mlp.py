@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.axes import Impl
 from model.config import ACTIVATIONS
 from model.config import IMPLS
 
@@ -50,7 +51,7 @@ class MLP(nn.Module):
         self.impl = impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.impl == "triton":
+        if self.impl == Impl.TRITON:
             from kernels.ops.linear_act import linear_act_stack  # imported lazily: kernels/ needs triton
 
             layers = [*self.hidden, self.head]

@@ -30,6 +30,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torch.utils.data import TensorDataset
 
+from model.axes import Impl
+from model.axes import Loop
+from model.axes import OptimizerImpl
+from model.axes import Precision
 from model.config import TrainConfig
 from model.data import Dataset
 from model.graph_loop import GraphEpoch
@@ -44,7 +48,7 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, float]]] = {
     "rmsprop": (torch.optim.RMSprop, {"lr": 0.01, "alpha": 0.99, "eps": 1e-8, "weight_decay": 1e-4}),
 }
 
-GRAPH_LOOPS = ("graph", "step-graph")
+GRAPH_LOOPS = (Loop.GRAPH.value, Loop.STEP_GRAPH.value)
 EpochCallback = Callable[[int, float, float], None]  # (epoch index, seconds, mean loss)
 
 
@@ -109,7 +113,7 @@ def make_optimizer(
     turns `params` into views of its flat buffer.
     """
     cls, settings = OPTIMIZERS[name]
-    if impl == "triton":
+    if impl == Impl.TRITON:
         from kernels.ops.optim import FlatOptimizer  # imported lazily: kernels/ needs triton
 
         return FlatOptimizer(params, name, **settings), "triton-flat+capturable"
@@ -142,8 +146,8 @@ def precision_mode(precision: str) -> Iterator[None]:
     """fp32 is strict IEEE (TF32 off); tf32 lets fp32 matmuls use TF32 (bf16 autocasts per step)."""
     previous = torch.get_float32_matmul_precision()
     cudnn_tf32 = torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.set_float32_matmul_precision("high" if precision == Precision.TF32 else "highest")
+    torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
     try:
         yield
     finally:
@@ -234,18 +238,18 @@ class Trainer:
         # loops capture the compiled kernels like the eager ones. One compilation per
         # batch shape (the full and the last partial batch), paid in the first epoch.
         self._step = self._eager_step
-        if config.impl == "compile":
+        if config.impl == Impl.COMPILE:
             # Each trainer's step guards on a new `self`: past dynamo's recompile limit a
             # compiled function silently runs eagerly, so every trainer starts afresh.
             torch.compiler.reset()
             self._step = torch.compile(self._eager_step, dynamic=False)
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
-        if config.optimizer_impl == "triton":
+        if config.optimizer_impl == OptimizerImpl.TRITON:
             from kernels.ops.cross_entropy import cross_entropy
 
             self.loss_fn = cross_entropy
         self.generator = torch.Generator(device=self.device if fast else "cpu").manual_seed(config.seed)
-        self.loop = "fast" if config.loop in GRAPH_LOOPS and self.device.type != "cuda" else config.loop
+        self.loop = Loop.FAST.value if config.loop in GRAPH_LOOPS and self.device.type != "cuda" else config.loop
         self.notes: list[str] = []
         if self.loop != config.loop:
             self.notes.append(f"loop {config.loop!r} runs as {self.loop!r} on {self.device.type}")
@@ -254,12 +258,12 @@ class Trainer:
         self._epoch = self._make_epoch()
 
     def _make_epoch(self) -> Callable[[], float]:
-        if self.loop == "reference":
+        if self.loop == Loop.REFERENCE:
             return self._reference_epoch
         if self.loop in GRAPH_LOOPS:
             return GraphEpoch(
                 self.step, self.model, self.optimizer, self.data.x_train, self.data.y_train,
-                self.config.batch_size, self.generator, whole_epoch=self.loop == "graph",
+                self.config.batch_size, self.generator, whole_epoch=self.loop == Loop.GRAPH,
             )  # fmt: skip
         return self._fast_epoch
 

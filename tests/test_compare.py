@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.monitor.trace import KernelTable
-from bench.plugin.verdict import STATUSES
-from bench.plugin.verdict import Verdict
+from bench.gate.kernel_table import KernelTable
+from bench.gate.verdict import STATUSES
+from bench.gate.verdict import Verdict
 from bench.tools.compare import main
 
 GPU = "NVIDIA H100 80GB HBM3"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.plugin.compare import RECORD_KEY
+from bench.gate.record import RECORD_KEY
 from bench.tools.merge import MergeError
 from bench.tools.merge import merge_runs
 from bench.tools.report import build_report

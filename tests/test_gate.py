@@ -8,15 +8,15 @@ from dataclasses import replace
 import pytest
 from scipy.stats import mannwhitneyu
 
-from bench.plugin.budgets import Budget
-from bench.plugin.budgets import Budgets
-from bench.plugin.compare import DEFAULT_UNKNOWN_NOISE_PCT
-from bench.plugin.compare import check_time
-from bench.plugin.compare import estimate_noise
-from bench.plugin.compare import load_history
-from bench.plugin.compare import machine_difference
-from bench.plugin.compare import same_measurement
-from bench.plugin.compare import time_limit
+from bench.gate.budgets import Budget
+from bench.gate.budgets import Budgets
+from bench.gate.timing import DEFAULT_UNKNOWN_NOISE_PCT
+from bench.gate.timing import check_time
+from bench.gate.timing import estimate_noise
+from bench.gate.runs import load_history
+from bench.gate.runs import machine_difference
+from bench.gate.runs import same_measurement
+from bench.gate.timing import time_limit
 
 GATE = Budget(time_slower_pct=10, time_noise_k=3, time_noise_unknown_pct=25, time_alpha=0.01)
 
@@ -178,7 +178,7 @@ def test_history_reads_only_as_many_stored_runs_as_it_keeps(tmp_path, monkeypatc
     import json
     import os
 
-    import bench.plugin.compare as compare
+    import bench.gate.runs as compare
 
     settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "loop": "graph", "impl": "torch",
                 "optimizer_impl": "torch", "precision": "fp32", "plant": None}  # fmt: skip

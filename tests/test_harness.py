@@ -484,7 +484,7 @@ Trainer.run_epoch = killed
 
 
 def test_a_killed_run_keeps_its_finished_cases_beside_the_json(bench, pytester) -> None:
-    from bench.tools.runs import load_runs
+    from bench.gate.runs import load_runs
 
     pytester.makeconftest(CONFTEST + KILL_SECOND)
     result = bench("--benchmark-json=out.json", budgets="")

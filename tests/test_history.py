@@ -20,12 +20,12 @@ import pytest
 
 from bench.cases import all_cases
 from bench.cases import study_order
-from bench.plugin.budgets import Budgets
+from bench.gate.budgets import Budgets
 from bench.tools.history import METRICS
 from bench.tools.history import metric_figure
 from bench.tools.report import build_report
 from bench.tools.report import sections
-from bench.tools.runs import load_runs
+from bench.gate.runs import load_runs
 
 pytest.importorskip("plotly", reason="the history page is drawn with plotly (pip install -e '.[test]')")
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.plugin.budgets import BudgetError
-from bench.plugin.budgets import Budgets
-from bench.plugin.budgets import InferenceBudget
-from bench.plugin.budgets import check_inference
-from bench.plugin.compare import check_latency
+from bench.gate.budgets import BudgetError
+from bench.gate.budgets import Budgets
+from bench.gate.budgets import InferenceBudget
+from bench.gate.budgets import check_inference
+from bench.gate.timing import check_latency
 from bench.test_inference import skip_reason
 from model import inference
 from model.compress import Compression

@@ -1,62 +1,162 @@
-"""The house rules the layout promises: data flows one way, no import circles."""
+"""The house rules the layout promises: data flows one way, no import circles, and the
+gate's floor (bench/gate) and the JSON-only tools load neither pytest nor torch.
+
+The import graph is bench/gate/imports.py's (every import form, lazy ones included);
+its layer table, LAYERS, says which arrows are allowed:
+
+    layer                  may import
+    model                  kernels
+    model.axes             nothing of the project (stdlib only)
+    kernels                model
+    bench.cases            nothing of the project
+    bench.gate             bench.cases, model.axes
+    bench.monitor          bench.gate, model, kernels
+    bench.plugin           bench.gate, bench.monitor, bench.cases, model, kernels
+    bench.tools            bench.gate, bench.monitor, bench.cases, model, kernels
+    bench.tools.selftest   the same and bench.plugin (it runs pytest sessions)
+    bench.search           bench.gate, bench.tools.figures, bench.cases, model, kernels
+    bench/test_*.py        anything
+"""
 
 from __future__ import annotations
 
-import ast
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from bench.gate.imports import LAYERS
+from bench.gate.imports import PACKAGES
+from bench.gate.imports import SUITE_PREFIX
+from bench.gate.imports import Graph
+from bench.gate.imports import back_arrows
+from bench.gate.imports import build_graph
+from bench.gate.imports import cycles
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def imports_of(path: Path) -> set[str]:
-    """Every module a file imports, at any depth (lazy and TYPE_CHECKING imports too)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def test_model_and_kernels_never_import_bench_or_pytest() -> None:
-    for folder in ("model", "kernels"):
-        for path in (ROOT / folder).glob("*.py"):
-            bad = {name for name in imports_of(path) if name.split(".")[0] in ("bench", "pytest")}
-            assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
-
-
-def test_no_import_circles_in_the_project() -> None:
-    files = [p for folder in ("model", "kernels", "bench") for p in (ROOT / folder).rglob("*.py")]
-    modules = {module_name(p): p for p in files}
-    graph = {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
-
-    def cycle_from(start: str) -> list[str] | None:
-        stack = [(start, [start])]
-        seen: set[str] = set()
-        while stack:
-            node, trail = stack.pop()
-            for nxt in graph[node]:
-                if nxt == start:
-                    return trail + [start]
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append((nxt, trail + [nxt]))
+HEAVY = ("torch", "pytest", "_pytest")  # what the floor and the JSON-only tools never load
+JSON_TOOLS = ("merge", "compare", "report", "databranch", "ci", "imports")  # history: a library of report
+# Run in a fresh interpreter: any import of HEAVY raises, and the script then checks none was loaded.
+BLOCKER = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {HEAVY!r}:
+            raise ImportError("blocked by tests/test_layout.py: " + name)
         return None
+sys.meta_path.insert(0, Block())
+"""
 
-    for name in sorted(graph):
-        cycle = cycle_from(name)
-        assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return build_graph(ROOT, PACKAGES)
+
+
+def blocked_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` after BLOCKER in a fresh interpreter from the repository root."""
+    return subprocess.run([sys.executable, "-c", BLOCKER + code], cwd=ROOT, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)  # fmt: skip
+
+
+def write_package(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+# ------------------------------------------------------------------------ the graph itself
+
+
+def test_a_planted_from_import_circle_is_found_lazy_imports_too(tmp_path: Path) -> None:
+    write_package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg import b\n",
+        "pkg/b.py": "def late():\n    from pkg import a\n    return a\n",
+        "pkg/c.py": "from pkg import VERSION\n",  # a name, not a module: an import of the package
+    })  # fmt: skip
+    graph = build_graph(tmp_path, ["pkg"])
+    assert graph.edges["pkg.a"] == {"pkg.b"} and graph.edges["pkg.b"] == {"pkg.a"}
+    assert graph.edges["pkg.c"] == {"pkg"}
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_relative_and_dotted_imports_resolve_to_project_modules(tmp_path: Path) -> None:
+    write_package(tmp_path, {
+        "pkg/__init__.py": "from . import sub\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/deep.py": "from ..sub import leaf\nimport pkg.sub.leaf as again\nimport numpy\n",
+        "pkg/sub/leaf.py": "",
+    })  # fmt: skip
+    graph = build_graph(tmp_path, ["pkg"])
+    assert graph.edges["pkg"] == {"pkg.sub"}
+    assert graph.edges["pkg.sub.deep"] == {"pkg.sub.leaf"} and graph.external["pkg.sub.deep"] == {"numpy"}
+    assert cycles(graph) == []
+
+
+def test_a_planted_back_arrow_is_found(tmp_path: Path) -> None:
+    write_package(tmp_path, {"low/__init__.py": "", "low/rule.py": "from high import tool\n",
+                             "high/__init__.py": "", "high/tool.py": "from low import rule\n"})  # fmt: skip
+    graph = build_graph(tmp_path, ["low", "high"])
+    assert back_arrows(graph, {"low": (), "high": ("low",)}) == [("low.rule", "high.tool")]
+
+
+# ------------------------------------------------------------------------ the real tree
+
+
+def test_model_and_kernels_never_import_bench_or_pytest(graph: Graph) -> None:
+    for module in graph.edges:
+        if module.split(".")[0] in ("model", "kernels"):
+            bad = {m for m in graph.edges[module] if m.split(".")[0] == "bench"} | (graph.external[module] & {"pytest"})
+            assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_no_back_arrows_between_layers(graph: Graph) -> None:
+    assert back_arrows(graph, LAYERS, SUITE_PREFIX) == []
+
+
+def test_no_import_circles_in_the_project(graph: Graph) -> None:
+    """Every circle but the kernels one, which the next test names."""
+    others = cycles(graph)
+    assert not others, "import circles:\n" + "\n".join(" -> ".join(c) for c in others)
+
+
+def test_the_gate_imports_neither_pytest_nor_torch_statically(graph: Graph) -> None:
+    """From the source: no gate module, nor any project module it reaches, names them."""
+    reach = {m for m in graph.edges if m == "bench.gate" or m.startswith("bench.gate.")}
+    todo = list(reach)
+    while todo:
+        for nxt in graph.edges[todo.pop()] - reach:
+            reach.add(nxt)
+            todo.append(nxt)
+    bad = {m: sorted(graph.external[m] & set(HEAVY)) for m in sorted(reach) if graph.external[m] & set(HEAVY)}
+    assert not bad, f"the gate's floor reaches {bad}"
+
+
+def test_the_gate_imports_neither_pytest_nor_torch_when_run(graph: Graph) -> None:
+    modules = sorted(m for m in graph.edges if m == "bench.gate" or m.startswith("bench.gate."))
+    assert "bench.gate.runs" in modules and "bench.gate.judge" in modules
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    code += f"loaded = sorted(n for n in sys.modules if n.split('.')[0] in {HEAVY!r})\nassert not loaded, loaded\n"
+    done = blocked_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("tool", JSON_TOOLS)
+def test_json_only_tools_start_without_torch(tool: str) -> None:
+    """--help runs with torch and pytest unimportable: the tool's start loads neither."""
+    code = (f"import runpy\nsys.argv = ['bench.tools.{tool}', '--help']\n"
+            f"try:\n    runpy.run_module('bench.tools.{tool}', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n")  # fmt: skip
+    done = blocked_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
 
 
 def test_bench_folder_shows_the_suite_apart_from_the_harness() -> None:
     top = sorted(p.name for p in (ROOT / "bench").iterdir() if not p.name.startswith(("_", ".")))
-    harness = {"plugin", "monitor", "tools", "search"}
+    harness = {"gate", "plugin", "monitor", "tools", "search"}
     assert harness <= set(top)
     suite = [name for name in top if name not in harness]
     assert all(name.startswith("test_") or name in ("cases.py", "budgets.toml") for name in suite), suite

@@ -19,12 +19,12 @@ from bench.cases import Case
 from bench.cases import all_cases
 from bench.cases import loop_cases
 from bench.monitor.series import read_series
-from bench.monitor.trace import KernelTable
-from bench.plugin.budgets import Budgets
-from bench.plugin.compare import case_history
-from bench.plugin.compare import check_against
-from bench.plugin.compare import load_history
-from bench.plugin.summary import render_summary
+from bench.gate.kernel_table import KernelTable
+from bench.gate.budgets import Budgets
+from bench.gate.runs import case_history
+from bench.gate.compare import check_against
+from bench.gate.runs import load_history
+from bench.gate.summary import render_summary
 from bench.tools.figures import epoch_ends
 from bench.tools.figures import moving_average
 from bench.tools.figures import pareto_figure
@@ -38,8 +38,8 @@ from bench.tools.report import ReportError
 from bench.tools.report import build_report
 from bench.tools.report import regressions
 from bench.tools.report import main as report_main
-from bench.tools.runs import find_run_files
-from bench.tools.runs import load_runs
+from bench.gate.runs import find_run_files
+from bench.gate.runs import load_runs
 
 CASES = """
 from bench.cases import Case

@@ -18,7 +18,7 @@ from bench.tools.figures import record_p99
 from bench.tools.figures import search_figure
 from bench.tools.report import build_report
 from bench.tools.report import main as report_main
-from bench.tools.runs import load_runs
+from bench.gate.runs import load_runs
 
 DATA = Path(__file__).resolve().parent / "data"
 RUN = DATA / "inference-run.json"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.plugin.budgets import Budgets
-from bench.plugin.compare import check_time
+from bench.gate.budgets import Budgets
+from bench.gate.timing import check_time
 from bench.tools import selftest
 from bench.tools.selftest import CaseResult
 from bench.tools.selftest import analyse

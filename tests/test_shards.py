@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from bench.tools.shards import assign
-from bench.tools.shards import durations_of
-from bench.tools.shards import unit_of
+from bench.gate.shards import assign
+from bench.gate.shards import durations_of
+from bench.gate.shards import unit_of
 
 
 def test_without_durations_shards_take_turns_over_sorted_ids() -> None:

@@ -9,15 +9,15 @@ import math
 import pytest
 import torch
 
-from bench.monitor.trace import MAX_ROWS
-from bench.monitor.trace import KernelRow
-from bench.monitor.trace import KernelTable
-from bench.monitor.trace import describe
-from bench.monitor.trace import name_id
-from bench.monitor.trace import diff
+from bench.gate.kernel_table import MAX_ROWS
+from bench.gate.kernel_table import KernelRow
+from bench.gate.kernel_table import KernelTable
+from bench.gate.kernel_table import describe
+from bench.gate.kernel_table import name_id
+from bench.gate.kernel_table import diff
 from bench.monitor.trace import profile_epochs
 from bench.monitor.trace import profile_trainer
-from bench.monitor.trace import shorten
+from bench.gate.kernel_table import shorten
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.train import Trainer

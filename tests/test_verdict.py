@@ -6,23 +6,23 @@ from __future__ import annotations
 import pytest
 
 from bench.cases import Case
-from bench.plugin.budgets import Budget
-from bench.plugin.budgets import BudgetError
-from bench.plugin.budgets import Budgets
-from bench.plugin.budgets import Failure
-from bench.plugin.budgets import check_budget
-from bench.plugin.budgets import check_drop_growth
-from bench.plugin.budgets import check_inference
-from bench.plugin.compare import Noise
-from bench.plugin.compare import check_growth
-from bench.plugin.options import DEFAULT_BUDGETS
-from bench.plugin.summary import floors_lines
-from bench.plugin.verdict import NOT_GATED
-from bench.plugin.verdict import OK
-from bench.plugin.verdict import OVER_BUDGET
-from bench.plugin.verdict import REGRESSED
-from bench.plugin.verdict import Verdict
-from bench.plugin.verdict import decide
+from bench.gate.budgets import Budget
+from bench.gate.budgets import BudgetError
+from bench.gate.budgets import Budgets
+from bench.gate.budgets import Failure
+from bench.gate.budgets import check_budget
+from bench.gate.budgets import check_drop_growth
+from bench.gate.budgets import check_inference
+from bench.gate.timing import Noise
+from bench.gate.compare import check_growth
+from bench.gate.profiles import DEFAULT_BUDGETS
+from bench.gate.summary import floors_lines
+from bench.gate.verdict import NOT_GATED
+from bench.gate.verdict import OK
+from bench.gate.verdict import OVER_BUDGET
+from bench.gate.verdict import REGRESSED
+from bench.gate.verdict import Verdict
+from bench.gate.verdict import decide
 
 SLOW = Failure("epoch_time_ratio", 1.4, 1.1, 1.0, "median epoch 0.14 s vs 0.1 s")
 FLOOR = Failure("accuracy", 0.5, 0.65, None, "below its floor")

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from model.axes import Precision
 from model.train import precision_mode
 
 SIZE = {"cuda": 8192, "cpu": 1024}
@@ -17,7 +18,7 @@ SIZE = {"cuda": 8192, "cpu": 1024}
 
 def matmul_tflops(device: torch.device, precision: str) -> float:
     n = SIZE[device.type]
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = torch.bfloat16 if precision == Precision.BF16 else torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     with precision_mode(precision):

@@ -15,7 +15,7 @@ import pytest
 from pytest_benchmark.logger import PytestBenchmarkWarning
 
 from bench.plugin import startup
-from bench.plugin.compare import machine_difference
+from bench.gate.runs import machine_difference
 from bench.plugin.fixture import LoadBench
 from bench.plugin.options import add_options
 from bench.plugin.session import LoadBenchSession

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from bench.plugin.compare import Baseline
+from bench.gate.compare import Baseline
 
 # option: why the suite refuses it (a line of the start-up error)
 REFUSED = {

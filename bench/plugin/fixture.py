@@ -19,28 +19,22 @@ import pytest
 import torch
 
 from bench.cases import Case
+from bench.gate.compare import deltas
+from bench.gate.judge import judge
+from bench.gate.runs import case_history
+from bench.gate.timing import time_samples
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import LoadMonitor
 from bench.monitor.series import safe_name
 from bench.monitor.series import write_series
 from bench.monitor.trace import profile_trainer
-from bench.plugin.budgets import Failure
-from bench.plugin.budgets import check_budget
-from bench.plugin.compare import case_history
-from bench.plugin.compare import check_against
-from bench.plugin.compare import deltas
-from bench.plugin.compare import estimate_noise
-from bench.plugin.compare import explain
-from bench.plugin.compare import time_limit
-from bench.plugin.compare import time_samples
 from bench.plugin.plant import plant_slowdown
-from bench.plugin.verdict import decide
 from bench.plugin.session import LoadBenchSession
 from model.config import TrainConfig
 from model.cost import training_cost
 from model.data import Dataset
-from model.train import Trainer
 from model.train import TrainResult
+from model.train import Trainer
 
 PROGRESS_EVERY_S = 1.0  # at most one progress line a second, so fast epochs do not flood
 QUIET_PROGRESS_AFTER_S = 10.0  # without -v, a case this long shows a line this often
@@ -205,46 +199,32 @@ class LoadBench:
         }
 
     def _judge(self, case: Case, record: dict[str, Any]) -> None:
+        """The gate's judge on this record; the verdict goes into extra_info and the summary,
+        and a broken limit fails this test."""
         session = self.session
         options = session.options
         budget = session.budgets.resolve(options.profile.name, case.experiment, case.id, options.dataset)
-        # --epochs: the run's own count, not a case's override (a case that trains fewer on a CPU has floors for that)
-        checked = check_budget(budget, record, profile=options.profile.name, epochs=options.epochs)
-        budget_failures: list[Failure] = list(checked.failures)
-        baseline_failures: list[Failure] = []
-        entry: dict[str, Any] = {"case": case, "record": record, "failures": [], "deltas": None, "noise": None,
-                                 "floors_skipped": checked.floors_skipped}  # fmt: skip
         found = session.baseline_for(self.benchmark.fullname)
-        baseline = None
-        if found is not None:
-            baseline, saved = found
-            history = case_history(baseline.history, self.benchmark.fullname) or [saved.get("extra_info", {})]
-            entry["deltas"] = deltas(record, saved.get("extra_info", {}))
-            noise = estimate_noise(history, record)
-            entry["noise"] = noise
-            record["time_gate"] = {  # how this case's time was judged, for the record and the report
-                "limit": time_limit(budget, noise)[0] if budget.time_slower_pct is not None else None,
-                "spread": noise.spread,
-                "runs": noise.runs,
-                "source": noise.source,
-            }
-            self.benchmark.extra_info["time_gate"] = record["time_gate"]
-            if baseline.gating:
-                found_failures = check_against(budget, record, saved.get("extra_info", {}), history=history)
-                baseline_failures = [explain(f, record, saved.get("extra_info", {})) for f in found_failures]
-        verdict = decide(
-            budget_failures, baseline_failures,
+        baseline, then = (found[0], found[1].get("extra_info", {})) if found is not None else (None, None)
+        judged = judge(
+            record, budget, then=then,
+            history=case_history(baseline.history, self.benchmark.fullname) if baseline is not None else (),
             baseline=str(baseline.path) if baseline is not None else None,
             gating=baseline.gating if baseline is not None else False,
             reason=baseline.reason if baseline is not None else session.no_baseline_reason,
-            noise=entry["noise"],
-            floors_skipped=checked.floors_skipped,
+            # --epochs: the run's own count, not a case's override (a case that trains fewer on a CPU has floors for that)
+            profile=options.profile.name, epochs=options.epochs,
         )  # fmt: skip
-        record["verdict"] = verdict.as_dict()
+        if judged.time_gate is not None:  # how this case's time was judged, for the record and the report
+            record["time_gate"] = judged.time_gate
+            self.benchmark.extra_info["time_gate"] = judged.time_gate
+        record["verdict"] = judged.verdict.as_dict()
         self.benchmark.extra_info["verdict"] = record["verdict"]
-        failures = list(verdict.failures)
-        entry["failures"] = failures
-        session.records.append(entry)
+        failures = list(judged.verdict.failures)
+        session.records.append({
+            "case": case, "record": record, "failures": failures, "noise": judged.noise,
+            "deltas": deltas(record, then) if then is not None else None, "floors_skipped": judged.floors_skipped,
+        })  # fmt: skip
         if failures:
             lines = "\n".join(f"  {f.message}" for f in failures)
             pytest.fail(f"{case.id}: {len(failures)} budget(s) broken\n{lines}", pytrace=False)

@@ -9,56 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.config import IMPLS
-from model.config import LOOPS
-from model.config import OPTIMIZER_IMPLS
-from model.config import PRECISIONS
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    scale: float  # fraction of the dataset's frames
-    epochs: int  # the first is the warm-up; every later epoch is one pytest-benchmark round
-    about: str
-
-
-PROFILES = {
-    "smoke": Profile("smoke", 0.1, 8, "10% of the frames, 8 epochs: the CPU check of every code path"),
-    "quick": Profile("quick", 1.0, 40, "all frames, 40 epochs: accuracy budgets mean something"),
-    "thesis": Profile("thesis", 1.0, 400, "all frames, the study's 400 epochs"),
-}
-TIERS = ("pr", "nightly")  # the nightly tier is every case; the pr tier leaves out cases marked nightly
-DEFAULT_BUDGETS = Path(__file__).resolve().parents[1] / "budgets.toml"
-
-
-def parse_device(value: str) -> str:
-    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
-        return value
-    raise argparse.ArgumentTypeError(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N")
-
-
-def parse_period(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not 0.001 <= seconds <= 60:
-        raise argparse.ArgumentTypeError(f"{value!r}: the monitor period must be between 0.001 and 60 s")
-    return seconds
-
-
-def parse_shard(value: str) -> tuple[int, int]:
-    """'i/n' (1-based): this process runs the i-th of n deterministic shards."""
-    try:
-        index, count = (int(part) for part in value.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a shard: use i/n, e.g. 1/4") from None
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: the shard count must be at least 1")
-    if not 1 <= index <= count:
-        raise argparse.ArgumentTypeError(f"{value!r}: the shard index must be between 1 and {count}")
-    return index, count
+from bench.gate.args import parse_device
+from bench.gate.args import parse_epochs
+from bench.gate.args import parse_period
+from bench.gate.args import parse_shard
+from bench.gate.profiles import DEFAULT_BUDGETS
+from bench.gate.profiles import PROFILES
+from bench.gate.profiles import Profile
+from bench.gate.profiles import TIERS
+from model.axes import IMPLS
+from model.axes import Impl
+from model.axes import LOOPS
+from model.axes import OPTIMIZER_IMPLS
+from model.axes import PRECISIONS
+from model.axes import Precision
 
 
 @dataclass(frozen=True)
@@ -93,21 +57,6 @@ def plant_on(plant: Plant | None, device: torch.device) -> Plant | None:
         return plant
     note = f"--plant-slowdown {plant}: no GPU to spin on {device}, so the host sleeps instead (recorded as host)"
     return Plant(plant.fraction, "host", note)
-
-
-def parse_positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
-    return int(value)
-
-
-def parse_epochs(value: str) -> int:
-    """At least 2: the first epoch is the warm-up round, so one epoch would time nothing."""
-    epochs = parse_positive_int(value)
-    if epochs < 2:
-        raise argparse.ArgumentTypeError(f"{value!r}: the first epoch is the warm-up (compilation, graph capture), "
-                                         "so at least 2 are needed for one timed epoch")  # fmt: skip
-    return epochs
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -225,13 +174,13 @@ class Options:
             f"optimizer impl {self.optimizer_impl}, "
             f"precision {self.precision}, dataset {self.dataset}"
         )
-        if self.impl == "triton" and self.precision == "fp32":
+        if self.impl == Impl.TRITON and self.precision == Precision.FP32:
             line += f", strict fp32 kernel {self.strict_fp32}"
         if self.plant is not None:
             line += f"\nmlp-loadbench: PLANTED SLOWDOWN {self.plant} in every timed epoch (--plant-slowdown)"
             if self.plant.note:
                 line += f"; {self.plant.note}"
-        if self.impl == "triton" and self.device.type == "cpu":
+        if self.impl == Impl.TRITON and self.device.type == "cpu":
             line += (
                 "\nmlp-loadbench: --impl triton on a CPU runs Triton's interpreter, about 20 s per "
                 "step at width 512: select a few cases with -k and few --epochs"

@@ -20,24 +20,26 @@ import torch
 
 from bench.plugin.benchmark_options import check as check_benchmark_options
 from bench.plugin.benchmark_options import check_compare_fail
-from bench.plugin.budgets import Budgets
-from bench.plugin.budgets import BudgetError
+from bench.gate.budgets import Budgets
+from bench.gate.budgets import BudgetError
 from bench.monitor.sampler import GpuProbe
-from bench.plugin.budgets import dataset_key
+from bench.gate.budgets import dataset_key
 from bench.plugin.caches import KernelCaches
-from bench.plugin.compare import HISTORY_SETTINGS
-from bench.plugin.compare import RECORD_KEY
-from bench.plugin.compare import Baseline
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import load_history
-from bench.plugin.compare import make_baseline
-from bench.plugin.compare import read_run
-from bench.plugin.compare import setting
+from bench.gate.runs import HISTORY_SETTINGS
+from bench.gate.record import FORMAT_KEY
+from bench.gate.record import RECORD_FORMAT
+from bench.gate.record import RECORD_KEY
+from bench.gate.compare import Baseline
+from bench.gate.runs import BaselineError
+from bench.gate.runs import load_history
+from bench.gate.compare import make_baseline
+from bench.gate.runs import read_run
+from bench.gate.runs import setting
 from bench.plugin.options import Options
 from bench.plugin.partial import PartialRun
-from bench.tools.shards import assign
-from bench.tools.shards import durations_of
-from bench.tools.shards import unit_of
+from bench.gate.shards import assign
+from bench.gate.shards import durations_of
+from bench.gate.shards import unit_of
 from model.data import DataError
 from model.data import Dataset
 from model.data import Frames
@@ -201,6 +203,7 @@ class LoadBenchSession:
 
     def pytest_benchmark_update_machine_info(self, config: pytest.Config, machine_info: dict[str, Any]) -> None:
         machine_info[RECORD_KEY] = {
+            FORMAT_KEY: RECORD_FORMAT,  # readers refuse a run newer than they know (bench/gate/record.py)
             "gpu": self.gpu_info,
             "cuda": torch.version.cuda,
             "torch": torch.__version__,
@@ -278,7 +281,7 @@ class LoadBenchSession:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """After -k and -m have deselected: leave out the nightly cases in the pr tier, then
-        with --shard i/n keep the i-th shard of what is left (bench/tools/shards.py says which)."""
+        with --shard i/n keep the i-th shard of what is left (bench/gate/shards.py says which)."""
         if self.options.tier == "pr":
             nightly = [item for item in items if item.get_closest_marker("nightly") is not None]
             if nightly:
@@ -334,7 +337,7 @@ class LoadBenchSession:
         self.partial.write()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from bench.plugin.summary import render_summary
+        from bench.gate.summary import render_summary
 
         notes = list(self.baseline_messages)
         if not self.budgets.covers(self.options.dataset) and self.records:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import torch
 
-from bench.plugin.options import PROFILES
-from bench.plugin.options import parse_device
-from bench.plugin.options import parse_positive_int
+from bench.gate.args import parse_device
+from bench.gate.args import parse_positive_int
+from bench.gate.args import parse_seconds
+from bench.gate.profiles import PROFILES
 from bench.search.objective import Evaluator
 from bench.search.objective import choose_objectives
 from bench.search.objective import energy_unavailable
@@ -51,16 +52,6 @@ def parse_drop(value: str) -> float:
     if not 0 <= drop < 1 or math.isnan(drop):
         raise argparse.ArgumentTypeError(f"{value!r}: an accuracy drop is a fraction in [0, 1), e.g. 0.01 for one point")
     return drop
-
-
-def parse_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not seconds > 0 or math.isinf(seconds):
-        raise argparse.ArgumentTypeError(f"{value!r}: the timeout must be a positive number of seconds")
-    return seconds
 
 
 DESCRIPTION = (

@@ -32,12 +32,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import gpu_name
-from bench.plugin.compare import read_run
-from bench.plugin.compare import setting
-from bench.plugin.verdict import Verdict
-from bench.tools.runs import find_run_files
+from bench.gate.runs import BaselineError
+from bench.gate.runs import gpu_name
+from bench.gate.runs import read_run
+from bench.gate.runs import setting
+from bench.gate.verdict import Verdict
+from bench.gate.runs import find_run_files
 from kernels import env as loadbench_env
 
 MODES = {  # mode: (tier, whether the run is stored as main's newest)

@@ -34,42 +34,36 @@ from typing import Any
 from tabulate import tabulate
 
 from bench.cases import study_order
-from bench.plugin.budgets import Budgets
-from bench.plugin.budgets import BudgetError
-from bench.plugin.budgets import Failure
-from bench.plugin.budgets import check_budget
-from bench.plugin.budgets import check_drop_growth
-from bench.plugin.budgets import check_inference
-from bench.plugin.budgets import dataset_key
-from bench.plugin.budgets import floors_unjudged
-from bench.plugin.compare import DIRECTIONS
-from bench.plugin.compare import HISTORY_SETTINGS
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import Noise
-from bench.plugin.compare import case_history
-from bench.plugin.compare import check_against
-from bench.plugin.compare import check_latency
-from bench.plugin.compare import estimate_noise
-from bench.plugin.compare import explain
-from bench.plugin.compare import failed_metrics
-from bench.plugin.compare import latency_rounds
-from bench.plugin.compare import load_history
-from bench.plugin.compare import read_run
-from bench.plugin.compare import same_measurement
-from bench.plugin.compare import setting
-from bench.plugin.compare import time_samples
-from bench.plugin.verdict import NOT_GATED
-from bench.plugin.verdict import REGRESSED
-from bench.plugin.verdict import Verdict
-from bench.plugin.verdict import decide
-from bench.tools.runs import Run
-from bench.tools.runs import find_run_files
-from bench.tools.runs import is_inference
-from bench.tools.runs import unreadable_reason
+from bench.gate.budgets import Budget
+from bench.gate.budgets import BudgetError
+from bench.gate.budgets import Budgets
+from bench.gate.budgets import InferenceBudget
+from bench.gate.budgets import dataset_key
+from bench.gate.budgets import floors_unjudged
+from bench.gate.compare import DIRECTIONS
+from bench.gate.compare import explain
+from bench.gate.compare import failed_metrics
+from bench.gate.judge import judge as judge_record
+from bench.gate.profiles import DEFAULT_BUDGETS
+from bench.gate.runs import BaselineError
+from bench.gate.runs import HISTORY_SETTINGS
+from bench.gate.runs import Run
+from bench.gate.runs import case_history
+from bench.gate.runs import find_run_files
+from bench.gate.runs import is_inference
+from bench.gate.runs import load_history
+from bench.gate.runs import read_run
+from bench.gate.runs import same_measurement
+from bench.gate.runs import setting
+from bench.gate.runs import unreadable_reason
+from bench.gate.timing import latency_rounds
+from bench.gate.timing import time_samples
+from bench.gate.verdict import NOT_GATED
+from bench.gate.verdict import REGRESSED
+from bench.gate.verdict import Verdict
 from model.files import write_atomic
 
 PROG = "mlp-loadbench compare"
-DEFAULT_BUDGETS = Path(__file__).resolve().parents[1] / "budgets.toml"
 TRAINING = "training"
 SERVING = "serving"
 # Serving metrics shown with deltas; +1 higher is better, -1 lower is better.
@@ -77,8 +71,6 @@ SERVING_DIRECTIONS = {"latency_p99_s": -1, "accuracy": 1, "macro_f1": 1, "accura
 EXPORTS = ("github-action-benchmark", "bencher")
 
 
-# What judging one case found: budget failures, failures against OLD, the noise (None: no OLD record).
-Judgement = tuple[list[Failure], list[Failure], "Noise | None"]
 
 
 class CompareError(ValueError):
@@ -241,56 +233,23 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
     judged = []
     for case in cases_of(new):
         then = saved.get(case.fullname)
-        judge_case = judge_training if case.kind == TRAINING else judge_serving
-        budget_failures, baseline_failures, noise = judge_case(
-            budgets, profile, dataset, case, then, history, gating=gating, budgets_too=budgets_too, epochs=epochs
-        )
-        verdict = decide(
-            budget_failures, baseline_failures,
-            baseline=str(old.path) if then is not None else None,
-            gating=gating,
-            reason=reason if then is not None else "new case, not compared",
-            noise=noise,
-        )  # fmt: skip
+        verdict = judge_record(
+            case.info, budget_of(budgets, profile, dataset, case), then=then,
+            history=case_history(history, case.fullname) if then is not None else (),
+            baseline=str(old.path), gating=gating, reason=reason if then is not None else "new case, not compared",
+            profile=profile, epochs=epochs, budgets_too=budgets_too,
+        ).verdict  # fmt: skip
         directions = DIRECTIONS if case.kind == TRAINING else SERVING_DIRECTIONS
         judged.append(Judged(case, verdict, then, deltas(case.info, then, directions) if then is not None else {}))
     return judged
 
 
-def judge_training(budgets: Budgets, profile: str, dataset: str, case: Case, then: dict[str, Any] | None,
-                   history: list[dict[str, Any]], *, gating: bool, budgets_too: bool,
-                   epochs: int | None = None) -> Judgement:  # fmt: skip
-    """The fixture's _judge on a saved record: (budget failures, baseline failures, noise).
-    `epochs`: the run's own (its settings); floors set for another count do not judge it."""
+def budget_of(budgets: Budgets, profile: str, dataset: str, case: Case) -> Budget | InferenceBudget:
+    """The limits on a saved record: a training case's budget, or a serving record's."""
     record = case.info
-    budget = budgets.resolve(profile, str(record.get("experiment", "")), str(record.get("case", "")), dataset)
-    budget_failures = list(check_budget(budget, record, profile=profile, epochs=epochs).failures) if budgets_too else []
-    if then is None:
-        return budget_failures, [], None
-    stored = case_history(history, case.fullname) or [then]
-    noise = estimate_noise(stored, record)
-    baseline_failures = []
-    if gating:
-        baseline_failures = [explain(f, record, then) for f in check_against(budget, record, then, history=stored)]
-    return budget_failures, baseline_failures, noise
-
-
-def judge_serving(budgets: Budgets, profile: str, dataset: str, case: Case, then: dict[str, Any] | None,
-                  history: list[dict[str, Any]], *, gating: bool, budgets_too: bool,
-                  epochs: int | None = None) -> Judgement:  # fmt: skip
-    """bench/test_inference.py's judge on a saved record: (budget failures, baseline failures, noise)."""
-    record = case.info
-    budget = budgets.resolve_inference(profile, str(record.get("variant", "")), str(record.get("case", "")), dataset)
-    budget_failures = check_inference(budget, record) if budgets_too else []
-    if then is None:
-        return budget_failures, [], None
-    stored = case_history(history, case.fullname) or [then]
-    noise = estimate_noise(stored, record, samples=latency_rounds)
-    baseline_failures = []
-    if gating:
-        baseline_failures = check_latency(budget, record, then, history=stored)
-        baseline_failures += check_drop_growth(budget, record, then)
-    return budget_failures, baseline_failures, noise
+    if case.kind == TRAINING:
+        return budgets.resolve(profile, str(record.get("experiment", "")), str(record.get("case", "")), dataset)
+    return budgets.resolve_inference(profile, str(record.get("variant", "")), str(record.get("case", "")), dataset)
 
 
 def deltas(now: dict[str, Any], then: dict[str, Any], directions: dict[str, int]) -> dict[str, dict[str, Any]]:

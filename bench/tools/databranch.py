@@ -41,12 +41,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import gpu_name
-from bench.plugin.compare import read_run
+from bench.gate.runs import BaselineError
+from bench.gate.runs import gpu_name
+from bench.gate.runs import read_run
 from bench.tools.report import ReportError
 from bench.tools.report import build_report
-from bench.tools.runs import load_runs
+from bench.gate.runs import load_runs
 from kernels import env as loadbench_env
 from model.files import write_atomic
 

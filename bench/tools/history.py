@@ -40,10 +40,10 @@ from typing import Any
 
 from bench.cases import TITLES
 from bench.cases import study_order
-from bench.plugin.compare import DIRECTIONS
-from bench.plugin.compare import HISTORY_SETTINGS
-from bench.plugin.compare import setting
-from bench.tools.runs import Run
+from bench.gate.compare import DIRECTIONS
+from bench.gate.runs import HISTORY_SETTINGS
+from bench.gate.runs import setting
+from bench.gate.runs import Run
 
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.cases import study_order
-from bench.plugin.compare import RECORD_KEY
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import gpu_name
-from bench.plugin.compare import read_run
+from bench.gate.record import RECORD_KEY
+from bench.gate.runs import BaselineError
+from bench.gate.runs import gpu_name
+from bench.gate.runs import read_run
 from model.files import write_atomic
 
 

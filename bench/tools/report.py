@@ -39,18 +39,18 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.plugin.budgets import BudgetError
-from bench.plugin.budgets import Budgets
+from bench.gate.budgets import BudgetError
+from bench.gate.budgets import Budgets
 from bench.cases import TITLES
 from bench.cases import study_order
-from bench.plugin.compare import FAILURE_METRICS
-from bench.plugin.compare import HISTORY_SETTINGS
-from bench.plugin.compare import MAX_HISTORY
-from bench.plugin.compare import check_against
-from bench.plugin.compare import explain
-from bench.plugin.compare import same_measurement
-from bench.plugin.compare import setting
-from bench.plugin.options import DEFAULT_BUDGETS
+from bench.gate.compare import FAILURE_METRICS
+from bench.gate.runs import HISTORY_SETTINGS
+from bench.gate.runs import MAX_HISTORY
+from bench.gate.compare import check_against
+from bench.gate.compare import explain
+from bench.gate.runs import same_measurement
+from bench.gate.runs import setting
+from bench.gate.profiles import DEFAULT_BUDGETS
 from bench.tools.history import FIRST_RUN
 from bench.tools.history import METRICS
 from bench.tools.history import Flagged
@@ -61,15 +61,15 @@ from bench.tools.history import history_page
 from bench.tools.history import plant_note
 from bench.tools.history import run_labels
 from bench.tools.history import settings_text
-from bench.tools.runs import Run
-from bench.tools.runs import by_gpu
-from bench.tools.runs import find_run_files
-from bench.tools.runs import load_runs
+from bench.gate.runs import Run
+from bench.gate.runs import by_gpu
+from bench.gate.runs import find_run_files
+from bench.gate.runs import load_runs
 from bench.tools.serving import serving_markdown
 from model.files import write_atomic
 from bench.monitor.series import read_series
-from bench.plugin.summary import COLUMNS
-from bench.plugin.summary import study_row
+from bench.gate.summary import COLUMNS
+from bench.gate.summary import study_row
 
 HISTORY_METRICS = tuple(METRICS)  # the history page's charts, in its order
 LOAD_METRICS = ("gpu_busy", "sm_activity")  # in extra_info['load']['normalized'], fractions; None: not measured

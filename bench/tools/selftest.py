@@ -60,7 +60,7 @@ Writes ``OUT/selftest.md`` (the table, also printed) and ``OUT/suggested-budgets
 ``Budgets.load``). Exits 2 with one line on unusable input.
 
 Hand-written: the campaign (naming, checks), the counts, the suggestion and the outputs.
-The verdicts and the noise come from bench.plugin.compare unchanged.
+The verdicts and the noise come from bench.gate (timing, compare) unchanged.
 """
 
 from __future__ import annotations
@@ -83,22 +83,23 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.plugin.budgets import Budget
-from bench.plugin.budgets import BudgetError
-from bench.plugin.budgets import Budgets
-from bench.plugin.compare import DEFAULT_NOISE_K
-from bench.plugin.compare import HISTORY_SETTINGS
-from bench.plugin.compare import MAX_HISTORY
-from bench.plugin.compare import MIN_NOISE_DOF
-from bench.plugin.compare import RECORD_KEY
-from bench.plugin.compare import BaselineError
-from bench.plugin.compare import check_time
-from bench.plugin.compare import estimate_noise
-from bench.plugin.compare import gpu_name
-from bench.plugin.compare import read_run
-from bench.plugin.compare import time_limit
-from bench.plugin.compare import time_samples
-from bench.plugin.options import DEFAULT_BUDGETS
+from bench.gate.budgets import Budget
+from bench.gate.budgets import BudgetError
+from bench.gate.budgets import Budgets
+from bench.gate.timing import DEFAULT_NOISE_K
+from bench.gate.runs import HISTORY_SETTINGS
+from bench.gate.runs import MAX_HISTORY
+from bench.gate.timing import MIN_NOISE_DOF
+from bench.gate.record import RECORD_KEY
+from bench.gate.runs import BaselineError
+from bench.gate.timing import check_time
+from bench.gate.timing import estimate_noise
+from bench.gate.runs import gpu_name
+from bench.gate.runs import read_run
+from bench.gate.timing import time_limit
+from bench.gate.timing import time_samples
+from bench.gate.profiles import DEFAULT_BUDGETS
+from bench.gate.args import parse_seconds
 from bench.plugin.partial import SUFFIX as PARTIAL_SUFFIX
 from model.files import write_atomic
 
@@ -729,16 +730,6 @@ def parse_pct(value: str) -> float:
     if not 0 < pct <= 1000:
         raise argparse.ArgumentTypeError(f"{value!r}: the planted slowdown must be in (0, 1000] percent")
     return pct
-
-
-def parse_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"{value!r}: a number of seconds above 0")
-    return seconds
 
 
 def parse_runs(value: str) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 from tabulate import tabulate
 
 from bench.cases import study_order
-from model.inference import IMPLS
+from model.axes import SERVING_IMPLS as IMPLS
 
 DEFAULT_MAX_DROP = 0.01  # one point of accuracy, the search's default limit
 

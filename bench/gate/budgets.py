@@ -47,8 +47,8 @@ else:  # pragma: no cover
 
 from bench.cases import CASE_IDS
 from bench.cases import EXPERIMENTS
-from bench.plugin.options import PROFILES
-from model.compress import VARIANTS
+from bench.gate.profiles import PROFILES
+from model.axes import VARIANT_NAMES as VARIANTS
 
 
 class BudgetError(ValueError):

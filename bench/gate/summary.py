@@ -9,7 +9,7 @@ from tabulate import tabulate
 
 from bench.cases import TITLES
 from bench.cases import study_order
-from bench.plugin.compare import failed_metrics
+from bench.gate.compare import failed_metrics
 
 COLUMNS = ("Time(s)", "1st epoch s", "Accuracy", "F1", "GPU busy", "SM act.", "VRAM MiB", "CPU", "RSS MiB", "Energy J")
 

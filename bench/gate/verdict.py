@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.plugin.budgets import Failure
+from bench.gate.budgets import Failure
 
 OK = "ok"
 REGRESSED = "regressed"  # a limit against the baseline broke

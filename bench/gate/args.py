@@ -1,0 +1,68 @@
+"""The argparse validators more than one command shares: one definition, one message each.
+
+Each takes the option's text and returns its value, or raises
+argparse.ArgumentTypeError with one line that argparse prefixes with the option's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def parse_device(value: str) -> str:
+    """'auto', 'cpu', 'cuda' or 'cuda:N', unchanged; resolving it to a device is the caller's."""
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N")
+
+
+def parse_positive_int(value: str) -> int:
+    """A whole number of at least 1, written in digits."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return int(value)
+
+
+def parse_epochs(value: str) -> int:
+    """At least 2: the first epoch is the warm-up round, so one epoch would time nothing."""
+    epochs = parse_positive_int(value)
+    if epochs < 2:
+        raise argparse.ArgumentTypeError(f"{value!r}: the first epoch is the warm-up (compilation, graph capture), "
+                                         "so at least 2 are needed for one timed epoch")  # fmt: skip
+    return epochs
+
+
+def parse_seconds(value: str) -> float:
+    """A finite number of seconds above 0 (a timeout: --timeout, --stop-after)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{value!r}: the timeout must be a positive number of seconds")
+    return seconds
+
+
+def parse_period(value: str) -> float:
+    """The load monitor's sampling period: seconds between 0.001 and 60."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0.001 <= seconds <= 60:
+        raise argparse.ArgumentTypeError(f"{value!r}: the monitor period must be between 0.001 and 60 s")
+    return seconds
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """'i/n' (1-based): this process runs the i-th of n deterministic shards."""
+    try:
+        index, count = (int(part) for part in value.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a shard: use i/n, e.g. 1/4") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: the shard count must be at least 1")
+    if not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(f"{value!r}: the shard index must be between 1 and {count}")
+    return index, count

@@ -1,0 +1,153 @@
+"""Baseline compare: decide whether a stored run may gate this one, and judge each case's
+metrics against it, direction-aware.
+
+pytest-benchmark finds and loads the baseline file (and compares time statistics
+with --benchmark-compare-fail); it skips a file it cannot parse with a warning and
+keeps no extra_info rules, so the judging of our metrics is here. The report judges a
+run against the one before it with these same functions; the time rule itself is in
+bench/gate/timing.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.gate.budgets import Budget
+from bench.gate.budgets import Failure
+from bench.gate.kernel_table import KernelTable
+from bench.gate.kernel_table import describe
+from bench.gate.kernel_table import diff
+from bench.gate.runs import gpu_name
+from bench.gate.timing import check_time
+
+
+@dataclass
+class Baseline:
+    path: Path
+    machine_info: dict[str, Any]
+    benchmarks: dict[str, dict[str, Any]]  # fullname -> saved benchmark
+    gating: bool = True
+    reason: str = ""  # why it does not gate
+    differs: tuple[str, ...] = ()  # what set it apart: "gpu" and the settings that differ
+    notes: list[str] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # stored runs for the noise estimate, oldest first
+
+    @property
+    def gpu(self) -> str:
+        return gpu_name(self.machine_info)
+
+
+def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any]) -> Baseline:
+    baseline = Baseline(path, run["machine_info"], {b["fullname"]: b for b in run["benchmarks"]})
+    ours, theirs = gpu_name(machine_info), baseline.gpu
+    if ours != theirs:
+        baseline.gating = False
+        baseline.differs = ("gpu",)
+        baseline.reason = f"baseline {path.name} was measured on {theirs}, this run on {ours}: shown, not gated"
+    return baseline
+
+
+def check_drops(budget: Budget, current: dict[str, Any], baseline: dict[str, Any]) -> list[Failure]:
+    out = []
+    for metric, limit in (("accuracy", budget.accuracy_drop_max), ("macro_f1", budget.macro_f1_drop_max)):
+        if limit is None or metric not in baseline:
+            continue
+        drop = baseline[metric] - current[metric]
+        if drop > limit:
+            out.append(Failure(f"{metric}_drop", drop, limit, baseline[metric], f"now {current[metric]:.4f}"))
+    return out
+
+
+# Figures that hold the first epoch's compilation and tuning: the allocator peak (tuning's
+# candidates) and the energy per epoch (the whole timed window over its epochs).
+FIRST_EPOCH_METRICS = ("vram_peak_mib", "energy_per_epoch_j")
+
+
+def warm_caches(current: dict[str, Any], baseline: dict[str, Any]) -> bool:
+    """Whether both records' first epochs found Triton's and Inductor's caches warm: an
+    empty or cold cache compiles and tunes inside the first epoch, for a time that moves
+    with the host's load. Records made before the state was recorded count as warm."""
+    return all(record.get("kernel_caches", "warm") == "warm" for record in (current, baseline))
+
+
+def check_growth(budget: Budget, current: dict[str, Any], baseline: dict[str, Any]) -> list[Failure]:
+    """Allocator peak, RSS and energy per epoch against the baseline's. FIRST_EPOCH_METRICS
+    are judged only between records made with warm kernel caches: compilation and tuning
+    in the first epoch move them far more than any change of the steady epochs does
+    (docs/gate.md, "Cold caches")."""
+    out = []
+    for metric, pct in (
+        ("vram_peak_mib", budget.memory_growth_pct),
+        ("rss_peak_mib", budget.memory_growth_pct),
+        ("energy_per_epoch_j", budget.energy_growth_pct),
+    ):
+        if metric in FIRST_EPOCH_METRICS and not warm_caches(current, baseline):
+            continue
+        now, then = current.get(metric), baseline.get(metric)
+        if pct is None or now is None or not then:
+            continue
+        limit = then * (1 + pct / 100)
+        if now > limit:
+            out.append(Failure(metric, now, limit, then, f"grew {100 * (now / then - 1):.1f}% (limit {pct:g}%)"))
+    return out
+
+
+def check_against(
+    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+) -> list[Failure]:
+    """Every limit against a baseline record; `history`: stored records of the case for its noise."""
+    return (
+        check_time(budget, current, baseline, history=history)
+        + check_drops(budget, current, baseline)
+        + check_growth(budget, current, baseline)
+    )
+
+
+# Metrics shown with deltas; +1 means higher is better, -1 lower is better.
+DIRECTIONS = {
+    "median_epoch_s": -1,
+    "accuracy": 1,
+    "macro_f1": 1,
+    "weighted_f1": 1,
+    "vram_peak_mib": -1,
+    "rss_peak_mib": -1,
+    "energy_per_epoch_j": -1,
+}
+
+
+def explain(failure: Failure, current: dict[str, Any], baseline: dict[str, Any], top: int = 5) -> Failure:
+    """A time failure with the kernels whose time grew most, where both runs hold a trace."""
+    if failure.metric != "epoch_time_ratio" or not current.get("kernel_trace") or not baseline.get("kernel_trace"):
+        return failure
+    try:
+        lines = describe(diff(KernelTable.from_dict(current["kernel_trace"]),
+                              KernelTable.from_dict(baseline["kernel_trace"]), top=top))  # fmt: skip
+    except ValueError as exc:
+        lines = [f"kernel traces not compared: {exc}"]
+    grown = "\n    kernels that grew most:\n      " + "\n      ".join(lines) if lines else "; no kernel grew"
+    return replace(failure, detail=failure.detail + grown)
+
+
+# The metric of DIRECTIONS each kind of Failure concerns (floors and ceilings use the metric's own name).
+FAILURE_METRICS = {"epoch_time_ratio": "median_epoch_s", "accuracy_drop": "accuracy", "macro_f1_drop": "macro_f1"}
+
+
+def failed_metrics(failures: Sequence[Failure]) -> set[str]:
+    return {FAILURE_METRICS.get(f.metric, f.metric) for f in failures}
+
+
+def deltas(current: dict[str, Any], baseline: dict[str, Any]) -> dict[str, tuple[float, bool]]:
+    """metric -> (relative change, whether it got worse)."""
+    out = {}
+    for metric, direction in DIRECTIONS.items():
+        now, then = current.get(metric), baseline.get(metric)
+        if now is None or not then:
+            continue
+        change = now / then - 1
+        out[metric] = (change, change * direction < 0)
+    return out

@@ -1,0 +1,135 @@
+"""The case record, declared once: its fields, their meaning, and the run file's format.
+
+A run file is pytest-benchmark JSON; what mlp-loadbench adds lives in
+``machine_info["loadbench"]`` (the run) and in each benchmark's ``extra_info`` (the
+case record). The fixture (training cases) and the serving test write the fields
+declared here, the way pytest-benchmark's ``Stats.fields`` declares its statistics;
+tests/test_record.py holds the writers to this list.
+
+``RECORD_FORMAT`` counts changes of meaning a reader must know about. The plugin writes
+it as ``machine_info["loadbench"]["format"]``; a run without it is format 1, and
+`bench.gate.runs.read_run` refuses a run of a format newer than this code reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RECORD_KEY = "loadbench"  # machine_info key and extra_info marker of our runs
+FORMAT_KEY = "format"  # machine_info[RECORD_KEY][FORMAT_KEY]: the run's RECORD_FORMAT
+RECORD_FORMAT = 2  # 2: the format is written; extra_info may hold "verdict" and "time_gate"
+UNVERSIONED_FORMAT = 1  # what a run without FORMAT_KEY is
+INFERENCE_KIND = "inference"  # extra_info["kind"] of a serving record
+
+# Keys every reader spells the same way.
+CASE = "case"
+EXPERIMENT = "experiment"
+KIND = "kind"
+VERDICT = "verdict"
+TIME_GATE = "time_gate"
+ACCURACY = "accuracy"
+MACRO_F1 = "macro_f1"
+MEDIAN_EPOCH_S = "median_epoch_s"
+EPOCH_SECONDS_BY_ROUND = "epoch_seconds_by_round"
+VRAM_PEAK_MIB = "vram_peak_mib"
+RSS_PEAK_MIB = "rss_peak_mib"
+ENERGY_PER_EPOCH_J = "energy_per_epoch_j"
+KERNEL_TRACE = "kernel_trace"
+KERNEL_CACHES = "kernel_caches"
+THROTTLED = "throttled"
+LATENCY_P99_S = "latency_p99_s"
+LATENCY_P99_BY_ROUND_S = "latency_p99_by_round_s"
+LATENCY_MODE = "latency_mode"
+ACCURACY_DROP = "accuracy_drop"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of a case record and what it holds; `optional`: not in every record."""
+
+    name: str
+    doc: str
+    optional: bool = False
+
+
+# A training case's extra_info (bench/plugin/fixture.py), in the order it is written.
+CASE_FIELDS: tuple[Field, ...] = (
+    Field(CASE, "the case id, e.g. 'units-128'"),
+    Field(EXPERIMENT, "the experiment the case varies, e.g. 'units'"),
+    Field("config", "the TrainConfig trained, as a dict"),
+    Field("profile", "the profile's name"),
+    Field("dataset", "the data trained on, described"),
+    Field("loop_ran", "the training loop that ran"),
+    Field("optimizer_impl", "the optimizer implementation that ran"),
+    Field("notes", "what the trainer changed or fell back to, in words"),
+    Field(EPOCH_SECONDS_BY_ROUND, "per training, the seconds of each epoch (the first is the warm-up)"),
+    Field("first_epoch_s", "the warm-up epoch's seconds, compilation and capture included"),
+    Field(KERNEL_CACHES, "whether Triton's and Inductor's caches were 'warm' or 'cold'"),
+    Field(MEDIAN_EPOCH_S, "the median steady epoch, seconds"),
+    Field("train_seconds", "the whole training's seconds"),
+    Field("samples_per_s", "training samples per second at the median epoch"),
+    Field("tflops", "model TFLOP/s at the median epoch"),
+    Field("cost", "the model's FLOPs and bytes per epoch, as a dict"),
+    Field(ACCURACY, "test accuracy"),
+    Field(MACRO_F1, "test macro F1"),
+    Field("weighted_f1", "test weighted F1"),
+    Field("final_loss", "the last epoch's training loss"),
+    Field("confusion", "the test confusion matrix"),
+    Field(VRAM_PEAK_MIB, "the case's own allocator peak, MiB (None without a GPU)"),
+    Field("vram_reserved_peak_mib", "the allocator's reserved peak, MiB (None without a GPU)"),
+    Field(RSS_PEAK_MIB, "the process's resident set peak, MiB"),
+    Field("energy_j", "energy over the timed window, joules (None without a counter)"),
+    Field(ENERGY_PER_EPOCH_J, "energy per epoch, joules (None without a counter)"),
+    Field(THROTTLED, "whether clocks were held down during the window"),
+    Field("load", "the load monitor's summary"),
+    Field("series_path", "the sample series CSV (None: the run is not stored)"),
+    Field("planted_slowdown", "the --plant-slowdown that ran, or None"),
+    Field(KERNEL_TRACE, "the kernel table of a few steady epochs (--kernel-trace)", optional=True),
+    Field(TIME_GATE, "how the time rule judged the case: limit, spread, runs, source", optional=True),
+    Field(VERDICT, "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
+)
+
+# A serving case's extra_info (bench/test_inference.py).
+SERVING_FIELDS: tuple[Field, ...] = (
+    Field(KIND, f"always {INFERENCE_KIND!r}"),
+    Field(CASE, "the case id of the trained configuration"),
+    Field(EXPERIMENT, "its experiment"),
+    Field("variant", "the compression variant served"),
+    Field("impl", "the serving implementation"),
+    Field("config", "the TrainConfig trained, as a dict"),
+    Field("profile", "the profile's name"),
+    Field("dataset", "the data, described"),
+    Field("latency_graph_s", "batch-1 latency statistics with graph replay, or None"),
+    Field("latency_eager_s", "batch-1 latency statistics of the eager loop"),
+    Field(LATENCY_P99_S, "the judged batch-1 p99, seconds"),
+    Field(LATENCY_MODE, "which latency was judged: graph replay or eager"),
+    Field(LATENCY_P99_BY_ROUND_S, "the batch-1 p99 of each round of calls, seconds"),
+    Field("latency_calls", "calls timed for the latency"),
+    Field("latency_pinned_cpu", "the CPU the timing thread was held on, or None"),
+    Field("throughput", "samples per second by batch size"),
+    Field("energy_j_per_1k", "joules per 1,000 inferences, or None"),
+    Field(ACCURACY, "test accuracy of the served model"),
+    Field(MACRO_F1, "test macro F1 of the served model"),
+    Field(ACCURACY_DROP, "the fp32 model's accuracy minus this variant's"),
+    Field("macro_f1_drop", "the fp32 model's macro F1 minus this variant's"),
+    Field("speedup", "latency speed-up over the fp32 model"),
+    Field("speedup_batch", "the batch size of that speed-up"),
+    Field("reference", "the fp32 model's figures"),
+    Field("compression", "the compression applied, as a dict"),
+    Field("routes", "which kernel route each layer took"),
+    Field("notes", "what was done to which layer, in words"),
+    Field("unavailable", "figures not measured, with why"),
+    Field("load", "the load monitor's summary"),
+    Field(THROTTLED, "whether clocks were held down"),
+    Field(VERDICT, "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
+)
+
+
+def names(fields: tuple[Field, ...]) -> tuple[str, ...]:
+    """The keys of a declared record, in order."""
+    return tuple(f.name for f in fields)
+
+
+def required(fields: tuple[Field, ...]) -> frozenset[str]:
+    """The keys every record of that kind holds."""
+    return frozenset(f.name for f in fields if not f.optional)

@@ -1,0 +1,105 @@
+"""The declared record (bench/gate/record.py): the run format readers check, and the
+fields the fixture and the serving test write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.gate.record import CASE_FIELDS
+from bench.gate.record import FORMAT_KEY
+from bench.gate.record import RECORD_FORMAT
+from bench.gate.record import SERVING_FIELDS
+from bench.gate.record import names
+from bench.gate.record import required
+from bench.gate.runs import BaselineError
+from bench.gate.runs import read_run
+from bench.gate.runs import run_format
+from bench.tools.compare import main as compare_main
+from bench.tools.merge import main as merge_main
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "device": "cpu", "loop": "fast"}
+
+
+def run_file(path: Path, fmt: object = None, index: int = 1) -> Path:
+    """A small run of one training case; `fmt` None leaves the format key out (format 1)."""
+    made: dict[str, Any] = {"gpu": None, "settings": SETTINGS | {"shard": f"{index}/2"}}
+    if fmt is not None:
+        made[FORMAT_KEY] = fmt
+    info = {"case": "units-128", "experiment": "units", "epoch_seconds_by_round": [[1.0, 0.1, 0.1, 0.1]],
+            "median_epoch_s": 0.1, "accuracy": 0.8, "macro_f1": 0.7}  # fmt: skip
+    bench = {"fullname": f"bench/test_experiments.py::test_hidden_units[units-128-{index}]", "name": "t",
+             "params": {}, "stats": {"median": 1.0}, "extra_info": info}  # fmt: skip
+    run = {"datetime": "2026-01-01T00:00:00", "commit_info": {"id": "ab" * 20}, "benchmarks": [bench],
+           "machine_info": {"loadbench": made}}  # fmt: skip
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_runs_without_a_format_are_format_1_and_this_format_reads(tmp_path: Path) -> None:
+    assert run_format(read_run(run_file(tmp_path / "old.json"))) == 1
+    assert run_format(read_run(run_file(tmp_path / "now.json", RECORD_FORMAT))) == RECORD_FORMAT
+
+
+@pytest.mark.parametrize("fmt", ["2", 0, True, 1.5])
+def test_a_format_that_is_no_format_is_refused_naming_the_key(tmp_path: Path, fmt: object) -> None:
+    with pytest.raises(BaselineError, match=f"machine_info.loadbench.{FORMAT_KEY} = .* is not a record format"):
+        read_run(run_file(tmp_path / "odd.json", fmt))
+
+
+def test_a_newer_format_is_refused_with_the_file_its_format_and_the_newest_read(tmp_path: Path) -> None:
+    path = run_file(tmp_path / "new.json", RECORD_FORMAT + 1)
+    with pytest.raises(BaselineError) as exc:
+        read_run(path)
+    assert str(exc.value).startswith(f"baseline {path}: record format {RECORD_FORMAT + 1} is newer")
+    assert f"(up to {RECORD_FORMAT})" in str(exc.value)
+
+
+def test_compare_and_merge_refuse_a_newer_run_in_one_line_with_exit_2(tmp_path: Path, capsys) -> None:
+    old = run_file(tmp_path / "old.json", RECORD_FORMAT, 1)
+    new = run_file(tmp_path / "new.json", RECORD_FORMAT + 1, 2)
+    before = new.read_bytes()
+    assert compare_main([str(old), str(new)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(new) in err and f"record format {RECORD_FORMAT + 1} is newer" in err
+    out = tmp_path / "merged.json"
+    assert merge_main([str(out), str(old), str(new)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"shard {new}: record format {RECORD_FORMAT + 1}" in err
+    assert f"up to {RECORD_FORMAT}" in err
+    assert not out.exists() and new.read_bytes() == before  # nothing written, nothing lost
+
+
+def test_the_serving_fields_are_the_ones_the_serving_test_writes() -> None:
+    from bench.test_inference import RECORD_KEYS
+
+    written = {"kind", "case", "experiment", "variant", "impl", "config", "profile", "dataset", *RECORD_KEYS,
+               "latency_p99_s", "load", "throttled", "verdict"}  # fmt: skip
+    assert set(names(SERVING_FIELDS)) == written
+    assert len(names(SERVING_FIELDS)) == len(set(names(SERVING_FIELDS)))  # each declared once
+
+
+def test_the_plugin_writes_the_format_and_the_declared_case_fields(tmp_path: Path) -> None:
+    """One smoke case on this CPU: machine_info carries the format, and the record holds
+    every required declared field and nothing undeclared."""
+    out = tmp_path / "run.json"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "bench/test_experiments.py", "-k", "units-128", "--profile", "smoke",
+         "--epochs", "2", "--device", "cpu", "-q", "-p", "no:cacheprovider", f"--benchmark-json={out}",
+         f"--series-dir={tmp_path / 'series'}"],
+        cwd=ROOT, env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    run = json.loads(out.read_text())
+    assert run["machine_info"]["loadbench"][FORMAT_KEY] == RECORD_FORMAT
+    (bench,) = run["benchmarks"]
+    keys = set(bench["extra_info"])
+    assert required(CASE_FIELDS) <= keys, sorted(required(CASE_FIELDS) - keys)
+    assert keys <= set(names(CASE_FIELDS)), sorted(keys - set(names(CASE_FIELDS)))
