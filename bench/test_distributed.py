@@ -57,12 +57,12 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, 
     epochs = options.epochs if CUDA else min(options.epochs, 3)
     config = TrainConfig(width=width, epochs=epochs, batch_size=batch * (world if scaling == "weak" else 1),
                          precision=options.precision, optimizer_impl=options.optimizer_impl,
-                         loop="graph" if dp == "graph" else "fast")  # fmt: skip
+                         loop="graph" if dp == "graph" else "fast")
     scale = options.profile.scale if options.dataset == "synthetic" else 1.0
     one_gpu = one_gpu_graph_loop(session, config.replace(batch_size=batch), options.dataset, scale)
     # children=True: the process figures cover torchrun and the ranks, where the work runs
     monitors = [LoadMonitor(torch.device(f"cuda:{i}") if CUDA else torch.device("cpu"), options.monitor_period, children=True)
-                for i in range(world if CUDA else 1)]  # fmt: skip
+                for i in range(world if CUDA else 1)]
     result: dict = {}
 
     def run() -> None:
@@ -70,7 +70,7 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, 
             m.start()
         try:
             result.update(launch(config, world, source=options.dataset, scale=scale,
-                                 backend="nccl" if CUDA else "gloo", timeout_s=300, workdir=tmp_path))  # fmt: skip
+                                 backend="nccl" if CUDA else "gloo", timeout_s=300, workdir=tmp_path))
         finally:
             for m in monitors:
                 m.stop()
@@ -99,7 +99,7 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, 
         benchmark_rounds="one round: the whole torchrun launch (start-up included); rank 0's epochs are in epoch_seconds",
         # Rank 0's training window (every rank passes the same barriers), not torchrun's start-up.
         load_per_gpu=[summarize_monitor(m, epochs + 1, window=tuple(result["train_window"])) for m in monitors],
-    )  # fmt: skip
+    )
     assert result["accuracy"] > 0.1 and all(s > 0 for s in result["epoch_seconds"])
 
 

@@ -54,7 +54,7 @@ RECORD_KEYS = (
     "latency_graph_s", "latency_eager_s", "latency_p99_s", "latency_mode", "latency_p99_by_round_s",
     "latency_calls", "latency_pinned_cpu", "throughput", "energy_j_per_1k", "accuracy", "macro_f1", "accuracy_drop",
     "macro_f1_drop", "speedup", "speedup_batch", "reference", "compression", "routes", "notes", "unavailable",
-)  # fmt: skip
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -71,7 +71,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ("case", "variant", "impl"),
         [
             pytest.param(case.id, variant, impl, id=f"{case.id}-{variant}-{impl}",
-                         marks=() if case.id in PR_CASES else nightly)  # fmt: skip
+                         marks=() if case.id in PR_CASES else nightly)
             for case in cases
             for variant in VARIANTS
             for impl in IMPLS
@@ -96,7 +96,7 @@ def skip_reason(variant: str, impl: str, device: Any, profile: str) -> str | Non
     """Why this variant x impl is not served here, or None."""
     if device.type == "cpu" and profile == "smoke" and impl != "torch":
         return (f"impl {impl!r} on a CPU in the smoke profile: torch.compile builds C++ and the Triton "
-                "interpreter takes seconds a call, neither says anything about serving; run on a GPU")  # fmt: skip
+                "interpreter takes seconds a call, neither says anything about serving; run on a GPU")
     return unsupported_reason(VARIANTS[variant], device)
 
 
@@ -139,7 +139,7 @@ def test_serving(benchmark, request, case: str, variant: str, impl: str) -> None
                 cache_dir=model_cache_dir(request.config), impl=impl,
                 latency_timer=pedantic_timer(benchmark), energy_mj=energy, latency_quiet=monitor.paused,
                 pin=options.latency_pin,
-            )  # fmt: skip
+            )
     except Unsupported as exc:
         pytest.skip(str(exc))
     load = summarize_monitor(monitor, 1)
@@ -176,7 +176,7 @@ def judge(session: Any, benchmark: Any, case: Case, variant: str, record: dict[s
         gating=baseline.gating if baseline is not None else False,
         reason=baseline.reason if baseline is not None else session.no_baseline_reason,
         profile=options.profile.name, epochs=options.epochs,
-    ).verdict  # fmt: skip
+    ).verdict
     record["verdict"] = verdict.as_dict()
     benchmark.extra_info["verdict"] = record["verdict"]
     if verdict.failures:

@@ -37,7 +37,7 @@ SUMMARY = "loadbench-kernel-cells"
 # width at the smallest batch, and silu (the one activation whose backward re-reads its
 # pre-activation); every other cell runs in the nightly tier.
 PR_CELLS = {(512, 128, "leaky_relu"), (512, 512, "leaky_relu"), (512, 2048, "leaky_relu"),
-            (64, 512, "leaky_relu"), (512, 512, "silu"), (64, 32, "leaky_relu")}  # fmt: skip
+            (64, 512, "leaky_relu"), (512, 512, "silu"), (64, 32, "leaky_relu")}
 PR_SERVING = {"optimal", "tiny"}
 
 
@@ -67,7 +67,7 @@ class CellSummary:
 
         if not self.cuda:  # the interpreter's times say nothing about speed: name the cells only
             return [f"CPU: {len(self.records)} cell(s) ran through the Triton interpreter against eager torch: "
-                    "the code path, not a speed comparison"]  # fmt: skip
+                    "the code path, not a speed comparison"]
         lines = []
         for precision in ("fp32", "bf16"):
             mine = [r for r in self.records if r["precision"] == precision]
@@ -80,7 +80,7 @@ class CellSummary:
             )
             if mine:
                 lines.append(f"{precision}: {len(losing)} of {len(mine)} cells below {LOSING} of the best baseline"
-                             + (f": {named}" if named else ""))  # fmt: skip
+                             + (f": {named}" if named else ""))
         return lines
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -196,7 +196,7 @@ def test_batch1_forward(benchmark, request, shape: str, precision: str) -> None:
         tol = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(got.float(), model(x).float(), rtol=tol, atol=tol)
         times = {"one_launch": time_ms(lambda: fused(x), device, graph=cuda),
-                 "torch": time_ms(lambda: model(x), device, graph=cuda)}  # fmt: skip
+                 "torch": time_ms(lambda: model(x), device, graph=cuda)}
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(mlp_forward, "ENABLED", False)
             times["layer_by_layer"] = time_ms(lambda: fused(x), device, graph=cuda)

@@ -48,6 +48,6 @@ def test_monitor_overhead(benchmark, request) -> None:
     benchmark.extra_info.update(
         median_epoch_s_off=off, median_epoch_s_on=on, overhead=overhead,
         period_s=options.monitor_period, epochs_each=len(epochs[True]), rounds=rounds, loop=config.loop,
-    )  # fmt: skip
+    )
     if cuda:
         assert overhead < GOAL, f"monitor overhead {overhead:.2%} on epoch time, goal {GOAL:.0%}"

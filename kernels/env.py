@@ -111,7 +111,7 @@ VARIABLES = (
     Variable("LOADBENCH_GIT_NAME", "any text", "mlp-loadbench", "the committer name on the data branch", _text),
     Variable("LOADBENCH_GIT_EMAIL", "any text", "mlp-loadbench@localhost", "the committer email on the data branch",
              _text),
-)  # fmt: skip
+)
 BY_NAME = {variable.name: variable for variable in VARIABLES}
 PATH_VARIABLES = ("LOADBENCH_CACHE_DIR", "LOADBENCH_MODEL_CACHE")  # directories written to during a run
 

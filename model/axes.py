@@ -58,4 +58,4 @@ SERVING_IMPLS = (Impl.TORCH.value, Impl.COMPILE.value, Impl.TRITON.value)
 # The compression presets the serving benchmark parametrizes, in its order (model/compress.py
 # gives each its Compression).
 VARIANT_NAMES = ("fp32", "bf16", "fp8", "int8-weight", "int8-dynamic", "sparse-2:4", "prune-50", "prune-75",
-                 "prune-90")  # fmt: skip
+                 "prune-90")

@@ -31,7 +31,7 @@ WEIGHTS = ("fp32", "bf16", "fp8", "int8-weight", "int8-dynamic")
 # Lower-precision variants run on a bf16 model (torchao's recommended base): the
 # activations they do not quantize are bf16.
 BASE_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16,
-              "int8-weight": torch.bfloat16, "int8-dynamic": torch.bfloat16}  # fmt: skip
+              "int8-weight": torch.bfloat16, "int8-dynamic": torch.bfloat16}
 FINETUNE_EPOCHS = 4  # the presets' short fine-tune after pruning
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper have fp8 tensor cores
 SEMI_STRUCTURED_CAPABILITY = (8, 0)  # Ampere and newer have 2:4 sparse tensor cores
@@ -94,7 +94,7 @@ class Compression:
 
     def as_dict(self) -> dict[str, object]:
         return {"weights": self.weights, "sparsity": self.sparsity, "semi_structured": self.semi_structured,
-                "finetune_epochs": self.finetune_epochs, "name": self.name}  # fmt: skip
+                "finetune_epochs": self.finetune_epochs, "name": self.name}
 
 
 # The presets the benchmark parametrizes, in the order it lists them.
@@ -284,7 +284,7 @@ def _quantize(network: nn.Module, weights: str, notes: list[str]) -> None:
     for name, layer in linear_layers(network):
         if id(layer) not in fits:
             notes.append(f"{name}: {tuple(layer.weight.shape)} kept bf16 ({weights} kernels need dimensions "
-                         f"that are multiples of {QUANTIZED_MULTIPLE})")  # fmt: skip
+                         f"that are multiples of {QUANTIZED_MULTIPLE})")
     try:
         quantize_(network, config, filter_fn=lambda module, _fqn: id(module) in fits)
     except (RuntimeError, NotImplementedError, AssertionError, ValueError) as exc:

@@ -27,7 +27,7 @@ JOINTS = (
     "Nose", "Neck", "RShoulder", "RElbow", "RWrist", "LShoulder", "LElbow", "LWrist",
     "MidHip", "RHip", "RKnee", "RAnkle", "LHip", "LKnee", "LAnkle", "REye", "LEye",
     "REar", "LEar", "LBigToe", "LSmallToe", "LHeel", "RBigToe", "RSmallToe", "RHeel",
-)  # fmt: skip
+)
 FEATURE_COLUMNS = tuple(f"{joint}_{axis}" for joint in JOINTS for axis in ("x", "y", "c"))
 BACKGROUND = "NONE"  # frames before and after a skill inside a skill's video
 
@@ -35,7 +35,7 @@ BACKGROUND = "NONE"  # frames before and after a skill inside a skill's video
 STUDY_FRAMES = {
     "BL": 10236, "FL": 7561, "FLAG": 6964, "IC": 9791, "MAL": 7309,
     "NONE": 23150, "OAFL": 6389, "OAHS": 7950, "PL": 8694, "VSIT": 13092,
-}  # fmt: skip
+}
 STUDY_CLASSES = tuple(sorted(STUDY_FRAMES))
 
 
@@ -402,7 +402,7 @@ def _skeleton(a: np.ndarray) -> np.ndarray:
         r_hip, r_knee, r_ankle, l_hip, l_knee, l_ankle, r_eye, l_eye, r_ear, l_ear,
         step(l_ankle, toe[1], 0.06), step(l_ankle, toe[1], 0.045), step(l_ankle, toe[1] + math.pi, 0.03),
         step(r_ankle, toe[0], 0.06), step(r_ankle, toe[0], 0.045), step(r_ankle, toe[0] + math.pi, 0.03),
-    ]  # fmt: skip
+    ]
     return np.stack(joints, axis=1)
 
 

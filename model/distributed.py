@@ -76,7 +76,7 @@ def train_rank(config: TrainConfig, source: str, scale: float, weights_out: str 
     flat = FlatDataParallel(config, data)
     try:
         record = _train(config, data, flat.model, flat.epoch, flat.optimizer_impl, loop=flat.loop,
-                        kind="flat-allreduce", note=flat.note, weights_out=weights_out)  # fmt: skip
+                        kind="flat-allreduce", note=flat.note, weights_out=weights_out)
         if record:  # rank 0: the all-reduces' bucket sizes, in launch order
             record["allreduce_buckets"] = flat.buckets.sizes
         return record
@@ -215,11 +215,11 @@ def launch(
         sys.executable, "-m", "model.distributed", "--torchrun", "--standalone", f"--nproc-per-node={world_size}",
         "-m", "model.distributed", "--config", json.dumps(config.as_dict()), "--source", source,
         "--scale", str(scale), "--backend", backend, "--out", str(out), "--timeout", str(timeout_s),
-    ] + (["--weights", weights_out] if weights_out else [])  # fmt: skip
+    ] + (["--weights", weights_out] if weights_out else [])
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{PARENT_ENV: str(os.getpid())})
     # Its own session, so that one killpg reaches torchrun and every rank it started.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env=env)  # fmt: skip
+                               start_new_session=True, env=env)
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -351,7 +351,7 @@ def main() -> None:
         finally:
             if not finished_within(dist.destroy_process_group, TEARDOWN_TIMEOUT_S):
                 print(f"model.distributed: rank {rank}: the process group's teardown did not return within "
-                      f"{TEARDOWN_TIMEOUT_S:g} s; exiting without it", file=sys.stderr, flush=True)  # fmt: skip
+                      f"{TEARDOWN_TIMEOUT_S:g} s; exiting without it", file=sys.stderr, flush=True)
                 sys.stdout.flush()
                 os._exit(1 if failed else 0)  # the record (or the error) is written; nothing else to wait for
     except Exception as exc:

@@ -237,7 +237,7 @@ class _GraphEpoch(GraphEpoch):
         super().__init__(
             _unused_step, parallel.model, parallel.optimizer, data.x_train, data.y_train,
             parallel.config.batch_size, parallel.generator, whole_epoch,
-        )  # fmt: skip
+        )
         self.parallel: FlatDataParallel | None = parallel
         # Other threads touch the GPU while we capture (ProcessGroupNCCL's watchdog queries
         # events; NCCL's proxy thread): in 'global' mode a call of theirs can invalidate

@@ -211,7 +211,7 @@ def measure(
     report = classification_report(data.y_test.to(device), predictions, data.n_classes)
     routes = forward_routes((1, *batches)) if impl == Impl.TRITON else None
     notes.append(f"impl {impl}; throughput {'replayed from CUDA graphs' if use_graph else 'eager'}; "
-                 f"accuracy from the batch-{max(batches)} callable that was timed")  # fmt: skip
+                 f"accuracy from the batch-{max(batches)} callable that was timed")
     return {
         "latency_graph_s": latency_stats(graph_samples) if graph_samples is not None else None,
         "latency_eager_s": latency_stats(eager_samples),
@@ -296,7 +296,7 @@ def _check_measure_args(impl: str, latency_calls: int | None, batches: Sequence[
     if impl not in IMPLS:
         raise ValueError(f"measure: impl={impl!r}: expected one of {', '.join(IMPLS)}")
     if latency_calls is not None and (isinstance(latency_calls, bool) or not isinstance(latency_calls, int)
-                                      or latency_calls < 1):  # fmt: skip
+                                      or latency_calls < 1):
         raise ValueError(f"measure: latency_calls={latency_calls!r}: expected a positive integer")
     if not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
         raise ValueError(f"measure: batches={tuple(batches)!r}: expected positive integers")
@@ -328,7 +328,7 @@ def prepare(model: torch.nn.Module, impl: str, device: torch.device) -> torch.nn
             for name, p in mlp.named_parameters():
                 if type(p.data) is not torch.Tensor or p.layout != torch.strided or p.dtype not in (
                     torch.float32, torch.bfloat16
-                ):  # fmt: skip
+                ):
                     raise Unsupported(
                         f"impl 'triton': the fused kernel takes dense fp32 or bf16 weights; {name} is "
                         f"{type(p.data).__name__} {p.dtype}"
@@ -478,7 +478,7 @@ def cache_key(config: TrainConfig, data: Dataset, profile: str) -> dict[str, obj
     """What a trained model depends on: the configuration (seed and epochs included), the
     dataset's contents and the profile."""
     return {"format": CACHE_FORMAT, "config": config.as_dict(), "dataset": dataset_fingerprint(data),
-            "profile": profile}  # fmt: skip
+            "profile": profile}
 
 
 def cache_path(config: TrainConfig, data: Dataset, profile: str, cache_dir: Path) -> Path:
@@ -516,7 +516,7 @@ def trained_model(config: TrainConfig, data: Dataset, *, profile: str, cache_dir
     metrics = trainer.evaluate()
     trainer.release()
     _save(path, {"key": json.dumps(key, sort_keys=True), "state_dict": state,
-                             "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"]})  # fmt: skip
+                             "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"]})
     model = _build(config, data)
     model.load_state_dict(state)
     return model.to(data.device).eval()
@@ -575,7 +575,7 @@ def evaluate(
         speedup=result["throughput"][largest] / ref_throughput if ref_throughput else None,  # type: ignore[index]
         speedup_batch=int(largest),
         reference={"what": REFERENCE, "accuracy": reference["accuracy"], "macro_f1": reference["macro_f1"],
-                   "throughput": reference["throughput"]},  # fmt: skip
+                   "throughput": reference["throughput"]},
     )
     return result
 

@@ -72,7 +72,7 @@ class CapturableAdagrad(torch.optim.Optimizer):
     def __init__(
         self, params: list[torch.nn.Parameter], lr: float = 1e-2, lr_decay: float = 0.0,
         weight_decay: float = 0.0, eps: float = 1e-10,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(params, {"lr": lr, "lr_decay": lr_decay, "weight_decay": weight_decay, "eps": eps})
         for group in self.param_groups:
             step = torch.zeros((), device=group["params"][0].device)
@@ -264,7 +264,7 @@ class Trainer:
             return GraphEpoch(
                 self.step, self.model, self.optimizer, self.data.x_train, self.data.y_train,
                 self.config.batch_size, self.generator, whole_epoch=self.loop == Loop.GRAPH,
-            )  # fmt: skip
+            )
         return self._fast_epoch
 
     def fit(self, on_epoch: EpochCallback | None = None, epochs: int | None = None) -> None:

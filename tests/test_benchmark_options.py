@@ -45,7 +45,7 @@ def run(pytester: pytest.Pytester, tiny_csv: Path, monkeypatch):
             "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", f"--epochs={EPOCHS}",
             f"--dataset={tiny_csv}", f"--budgets={pytester.path / 'budgets.toml'}",
             f"--benchmark-storage={pytester.path / 'runs'}", *([TIMER] if timer else []), *args,
-        )  # fmt: skip
+        )
 
     return go
 
@@ -89,7 +89,7 @@ def test_compare_fail_is_refused_against_a_baseline_of_other_settings(run, pytes
     result = run(f"--benchmark-compare={baseline}", "--benchmark-compare-fail=median:10%", "--epochs=4")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--benchmark-compare-fail: the baseline measured something else (baseline ran "
-                                 "epochs=8, this run epochs=4*"])  # fmt: skip
+                                 "epochs=8, this run epochs=4*"])
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_compare_fail_is_refused_against_a_baseline_of_other_settings(run, pytes
         (["--benchmark-storage=elasticsearch+http://localhost:9200/bench/run"], "--benchmark-storage elasticsearch+http://...: refused*file storage*"),
         (["--epochs=1"], "*--epochs: '1': the first epoch is the warm-up*at least 2*"),
     ],
-)  # fmt: skip
+)
 def test_options_without_a_meaning_for_epochs_are_refused_at_start_up(run, args, message) -> None:
     result = run(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -134,7 +134,7 @@ def test_group_by_case_and_csv_name_the_case(run, pytester) -> None:
     (stored,) = saved(pytester)
     cli = "import sys; from pytest_benchmark.cli import main; sys.argv[0] = 'pytest-benchmark'; main()"
     done = subprocess.run([sys.executable, "-c", cli, "compare", "--csv=table", "--group-by=param:case", str(stored)],
-                          cwd=pytester.path, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          cwd=pytester.path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     (table,) = pytester.path.glob("table*.csv")
     text = table.read_text()

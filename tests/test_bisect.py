@@ -81,7 +81,7 @@ def run_bisect(repo: Path, good: str, bad: str, tmp_path: Path) -> subprocess.Co
          "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}", "--benchmark-timer=delay.clock",
          "--dataset=" + str(_tiny_csv(tmp_path))],
         cwd=repo, capture_output=True, text=True, env=tool_env(),
-    )  # fmt: skip
+    )
 
 
 def _tiny_csv(tmp_path: Path) -> Path:
@@ -124,7 +124,7 @@ def test_bisect_refuses_a_dirty_tree(tmp_path) -> None:
     subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "a"], cwd=repo, check=True)
     (repo / "a.txt").write_text("2")
     out = subprocess.run([sys.executable, "-m", "bench.tools.bisect", "HEAD", "HEAD", "-k", "x", "--repo", str(repo)],
-                         capture_output=True, text=True)  # fmt: skip
+                         capture_output=True, text=True)
     assert out.returncode == 2 and "uncommitted changes" in out.stderr
     assert shutil.which("git")
 
@@ -193,7 +193,7 @@ def light_repo(tmp_path: Path, history: list[tuple[str, Mapping[str, str | None]
     git(repo, "config", "user.email", "t@example.com")
     git(repo, "config", "user.name", "t")
     first = {"bench/__init__.py": OWN_BENCH, "bench/delay.py": DELAY.format(seconds=GOOD_EPOCH_S),
-             "perf/test_case.py": LIGHT_CASE}  # fmt: skip
+             "perf/test_case.py": LIGHT_CASE}
     commits = [commit_changes(repo, first, "change 0")]
     for message, changes in history:
         commits.append(commit_changes(repo, changes, message))
@@ -212,7 +212,7 @@ def run_light_bisect(repo: Path, good: str, bad: str, tmp_path: Path, **env: str
         [sys.executable, "-m", "bench.tools.bisect", good, bad, "-k", "test_units", "--path", "perf/", "--repo", str(repo),
          "--", "--benchmark-timer=bench.delay.clock"],
         cwd=elsewhere, capture_output=True, text=True, env=tool_env(**env),
-    )  # fmt: skip
+    )
 
 
 def test_the_step_blames_only_a_failed_test() -> None:
@@ -247,7 +247,7 @@ def test_bisect_runs_its_own_step_at_commits_before_the_regrouping(tmp_path: Pat
         ("change 3: bench/tools/", {"bench/tools/__init__.py": "", "bench/tools/bisect.py": OLD_TOOL}),
         ("change 4 (slow)", slow()),
         ("change 5", {"notes.txt": "5\n"}),
-    ])  # fmt: skip
+    ])
     out = run_light_bisect(repo, commits[0], commits[-1], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"first bad commit: {commits[4]}" in out.stdout
@@ -266,18 +266,18 @@ def test_a_commit_where_the_suite_cannot_run_is_skipped_not_blamed(tmp_path: Pat
         (f"change 2 ({broken})", changes),
         ("change 3: repaired", {"perf/test_case.py": LIGHT_CASE}),
         ("change 4 (slow)", slow()),
-    ])  # fmt: skip
+    ])
     git(repo, "checkout", "-q", commits[2])
     direct = subprocess.run([sys.executable, "-m", "pytest", "perf/", "-k", "test_units", "-p", "no:cacheprovider", "-q",
                              "--benchmark-timer=bench.delay.clock"], cwd=repo, capture_output=True, text=True,
-                            env=checkout_env(repo, tool_env()))  # fmt: skip
+                            env=checkout_env(repo, tool_env()))
     assert direct.returncode == returncode, direct.stdout[-2000:]  # the commit breaks the way it says
     git(repo, "checkout", "-q", "-")
     out = run_light_bisect(repo, commits[0], commits[-1], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     found = out.stdout[out.stdout.index("first bad commit: "):].splitlines()  # after pytest's own output
     assert found == [f"first bad commit: {commits[4]}", f"  {commits[4][:7]} change 4 (slow)",
-                     "skipped, the suite could not run there (1):", f"  {commits[2][:7]} change 2 ({broken})"]  # fmt: skip
+                     "skipped, the suite could not run there (1):", f"  {commits[2][:7]} change 2 ({broken})"]
 
 
 @pytest.mark.slow
@@ -289,7 +289,7 @@ def test_repo_runs_the_code_of_that_checkout_not_the_installed_one(tmp_path: Pat
         ("change 1", {"notes.txt": "1\n"}),
         ("change 2 (slow)", slow()),
         ("change 3", {"notes.txt": "3\n"}),
-    ])  # fmt: skip
+    ])
     log = tmp_path / "imported.txt"
     out = run_light_bisect(repo, commits[0], commits[-1], tmp_path, BISECT_TEST_LOG=str(log), PYTHONSAFEPATH="1")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

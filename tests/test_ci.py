@@ -45,7 +45,7 @@ def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subpr
     env.pop("GITHUB_SHA", None)
     command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(project / "main-runs"),
                "--out", str(project / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", *extra,
-               "--", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", TIMER, "-q"]  # fmt: skip
+               "--", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", TIMER, "-q"]
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -83,7 +83,7 @@ def test_ci_says_when_there_is_no_history_and_keeps_budget_failures(project: Pat
          f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'strict.toml'}", "-q"],
         cwd=project, env={**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_STEP_SUMMARY": ""},
         capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert done.returncode == 1
     assert "nothing was compared, budgets only" in summary
@@ -93,7 +93,7 @@ def test_ci_says_when_there_is_no_history_and_keeps_budget_failures(project: Pat
 def test_baseline_is_the_newest_run_measured_alike(tmp_path: Path) -> None:
     def run(name: str, when: str, gpu: str | None, profile: str, plant: str | None = None) -> Path:
         machine = {"loadbench": {"gpu": {"name": gpu} if gpu else None,
-                                 "settings": {"profile": profile, "epochs": 40, "plant": plant}}}  # fmt: skip
+                                 "settings": {"profile": profile, "epochs": 40, "plant": plant}}}
         path = tmp_path / f"{name}.json"
         path.write_text(__import__("json").dumps({"machine_info": machine, "datetime": when, "benchmarks": []}))
         return path

@@ -18,7 +18,7 @@ from bench.tools.compare import main
 
 GPU = "NVIDIA H100 80GB HBM3"
 SETTINGS = {"profile": "smoke", "epochs": 8, "dataset": "synthetic", "device": "cuda", "loop": "graph",
-            "impl": "torch", "optimizer_impl": "torch", "precision": "fp32", "plant": None, "latency_pin": False}  # fmt: skip
+            "impl": "torch", "optimizer_impl": "torch", "precision": "fp32", "plant": None, "latency_pin": False}
 TRAINING = {"units-128": "test_hidden_units", "batch-64": "test_batch_size"}
 BUDGETS = """\
 [defaults]
@@ -54,7 +54,7 @@ BMF_SCHEMA = {
             "additionalProperties": False,
         }},
     }},
-}  # fmt: skip
+}
 
 
 def fullname(case: str) -> str:
@@ -66,14 +66,14 @@ def training(case: str, median: float, *, accuracy: float = 0.80, energy: float 
     steady = [median * (1 + 0.002 * (i % 5 - 2)) for i in range(20)]
     return {"case": case, "experiment": case.split("-")[0], "epoch_seconds_by_round": [[10 * median, *steady]],
             "median_epoch_s": median, "accuracy": accuracy, "macro_f1": accuracy - 0.1,
-            "energy_per_epoch_j": energy, "throttled": False}  # fmt: skip
+            "energy_per_epoch_j": energy, "throttled": False}
 
 
 def serving(variant: str, p99: float, drop: float) -> dict:
     rounds = [p99 * (1 + 0.003 * (i - 2)) for i in range(5)]
     return {"kind": "inference", "case": "blocks-3", "experiment": "blocks", "variant": variant, "impl": "torch",
             "latency_p99_s": p99, "latency_p99_by_round_s": rounds, "latency_mode": "graph",
-            "accuracy": 0.75 - drop, "macro_f1": 0.7 - drop, "accuracy_drop": drop, "throttled": False}  # fmt: skip
+            "accuracy": 0.75 - drop, "macro_f1": 0.7 - drop, "accuracy_drop": drop, "throttled": False}
 
 
 def serving_name(variant: str) -> str:
@@ -83,10 +83,10 @@ def serving_name(variant: str) -> str:
 def write_run(path: Path, day: int, records: dict[str, dict], *, gpu: str = GPU, commit: str = "", **settings) -> Path:
     """A pytest-benchmark run file of mlp-loadbench holding `records` (fullname -> extra_info)."""
     benchmarks = [{"fullname": name, "name": name.split("::")[-1], "group": None, "stats": {}, "extra_info": info}
-                  for name, info in records.items()]  # fmt: skip
+                  for name, info in records.items()]
     run = {"machine_info": {"node": "runner", "loadbench": {"gpu": {"name": gpu}, "settings": SETTINGS | settings}},
            "commit_info": {"id": commit or f"{day:02d}" * 20}, "datetime": f"2026-03-{day:02d}T12:00:00",
-           "version": "5.1.0", "benchmarks": benchmarks}  # fmt: skip
+           "version": "5.1.0", "benchmarks": benchmarks}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(run))
     return path
@@ -132,7 +132,7 @@ def test_an_aa_pair_passes_and_names_both_runs(stored, tmp_path, budgets, capsys
     assert code == 0, out
     assert err == ""
     assert out.startswith(f"### mlp-loadbench compare: OLD `04040404` 2026-03-04 12:00 on {GPU} → "
-                          f"NEW `feedface` 2026-03-05 12:00 on {GPU}")  # fmt: skip
+                          f"NEW `feedface` 2026-03-05 12:00 on {GPU}")
     for case in TRAINING:
         assert row(out, case).rstrip(" |").endswith("ok")
     assert "0.1 → 0.1 s (+0.0%)" in row(out, "units-128")
@@ -192,7 +192,7 @@ def test_a_planted_run_against_an_unplanted_one_is_not_gated(stored, tmp_path, b
     ({"epochs": 40}, "OLD ran epochs=8, NEW epochs=40"),
     ({"profile": "quick", "epochs": 40}, "OLD ran profile='smoke', NEW profile='quick'; OLD ran epochs=8, NEW epochs=40"),
     ({"gpu": "NVIDIA H200"}, f"OLD ran on {GPU}, NEW on NVIDIA H200"),
-])  # fmt: skip
+])
 def test_other_settings_or_gpu_are_not_gated(stored, tmp_path, budgets, capsys, change, reason) -> None:
     new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.5), **change)
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--json")
@@ -272,7 +272,7 @@ def test_json_gives_each_case_its_verdict_and_deltas(stored, tmp_path, budgets, 
 def test_a_trade_off_variant_whose_drop_grew_beyond_its_limit_regresses(tmp_path, budgets, capsys) -> None:
     def run(path: Path, day: int, drop: float) -> Path:
         return write_run(path, day, {serving_name("fp32"): serving("fp32", 30e-6, 0.0),
-                                     serving_name("prune-90"): serving("prune-90", 25e-6, drop)})  # fmt: skip
+                                     serving_name("prune-90"): serving("prune-90", 25e-6, drop)})
 
     old = run(tmp_path / "old" / "old.json", 1, 0.05)
     code, out, _ = compare(capsys, old, run(tmp_path / "within.json", 2, 0.07), "--budgets", budgets)
@@ -294,7 +294,7 @@ def _foreign() -> str:
 
 def _ours(benchmarks: list) -> str:
     return json.dumps({"machine_info": {"loadbench": {"gpu": None, "settings": SETTINGS}}, "datetime": "2026-03-09",
-                       "benchmarks": benchmarks})  # fmt: skip
+                       "benchmarks": benchmarks})
 
 
 UNUSABLE = {  # name: (contents of NEW; None: no file, "/": a directory), what the line must say
@@ -311,7 +311,7 @@ UNUSABLE = {  # name: (contents of NEW; None: no file, "/": a directory), what t
     "no fullname": (_ours([{"name": "x", "extra_info": {}}]), "benchmarks[0] has no 'fullname'"),
     "no case in common": (_ours([{"fullname": "bench/test_experiments.py::test_optimizer[opt-sgd]",
                                   "extra_info": training("opt-sgd", 0.1)}]), "no case in common: NEW"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", UNUSABLE)
@@ -379,7 +379,7 @@ def test_bencher_export_follows_the_bencher_metric_format(tmp_path, capsys) -> N
 def test_github_action_benchmark_export_is_smaller_is_better(stored, tmp_path, budgets, capsys) -> None:
     out = tmp_path / "gab.json"
     code, stdout, _ = compare(capsys, stored / "0004_old.json", _published(tmp_path), "--budgets", budgets,
-                              "--export", "github-action-benchmark", out)  # fmt: skip
+                              "--export", "github-action-benchmark", out)
     assert code == 0 and stdout.startswith("### mlp-loadbench compare")  # judged and exported at once
     entries = json.loads(out.read_text())
     assert isinstance(entries, list) and entries
@@ -408,9 +408,9 @@ def test_unknown_export_format_is_a_usage_error(tmp_path, capsys) -> None:
 def test_the_module_runs_as_a_command(stored, tmp_path, budgets) -> None:
     new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.3))
     done = subprocess.run([sys.executable, "-m", "bench.tools.compare", str(stored / "0004_old.json"), str(new),
-                           "--budgets", str(budgets)], capture_output=True, text=True, cwd=Path(__file__).parents[1])  # fmt: skip
+                           "--budgets", str(budgets)], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert done.returncode == 1, done.stderr
     assert "#### Regressions" in done.stdout
     assert "customSmallerIsBetter" in subprocess.run([sys.executable, "-m", "bench.tools.compare", "--help"],
                                                      capture_output=True, text=True,
-                                                     cwd=Path(__file__).parents[1]).stdout  # fmt: skip
+                                                     cwd=Path(__file__).parents[1]).stdout

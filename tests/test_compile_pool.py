@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = GPUTarget("cuda", 90, 32)
 SPLIT_SUM = JITFunction(getattr(linear_act._split_sum_kernel, "fn", linear_act._split_sum_kernel))
 SIGNATURE = {"ws_ptr": "*fp32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "S": "i32", "N": "i32", "K": "i32",
-             "stride_split": "i32", "stride_wn": "i32", "stride_wk": "i32", "BLOCK": "constexpr"}  # fmt: skip
+             "stride_split": "i32", "stride_wn": "i32", "stride_wk": "i32", "BLOCK": "constexpr"}
 
 
 def triton_closure(src, target, options, body=None):

@@ -60,7 +60,7 @@ def test_names():
     assert Compression(sparsity=0.75, finetune_epochs=2).name == "prune-75+ft"
     assert Compression(weights="bf16", semi_structured=True).name == "2:4+bf16"
     assert set(VARIANTS) == {"fp32", "bf16", "fp8", "int8-weight", "int8-dynamic", "sparse-2:4",
-                             "prune-50", "prune-75", "prune-90"}  # fmt: skip
+                             "prune-50", "prune-75", "prune-90"}
     assert all(VARIANTS[f"prune-{p}"].finetune_epochs > 0 for p in (50, 75, 90))
 
 

@@ -150,7 +150,7 @@ def _write(tmp_path, *lines: str) -> str:
     ids=["empty", "header-only", "missing-column", "too-few-features", "extra-column", "duplicated-feature",
          "duplicated-id", "semicolon-separated", "tab-separated", "short-row",
          "non-numeric", "nan", "inf", "bad-frame", "one-class", "video-two-skills", "empty-label"],
-)  # fmt: skip
+)
 def test_bad_csv_gives_one_clear_error(tmp_path, lines, message) -> None:
     with pytest.raises(DataError) as error:
         read_csv(_write(tmp_path, *lines))

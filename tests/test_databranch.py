@@ -31,7 +31,7 @@ def plain_git(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
     for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
-                "GIT_COMMITTER_EMAIL", "LOADBENCH_GIT_NAME", "LOADBENCH_GIT_EMAIL", "RUNNER_NAME"):  # fmt: skip
+                "GIT_COMMITTER_EMAIL", "LOADBENCH_GIT_NAME", "LOADBENCH_GIT_EMAIL", "RUNNER_NAME"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -62,7 +62,7 @@ def record(case: str, gpu: str | None, accuracy: float = 0.75) -> dict[str, Any]
         "energy_j": 300.0 if on_gpu else None, "energy_per_epoch_j": 10.0 if on_gpu else None,
         "load": {"normalized": {"gpu_busy": 0.7 if on_gpu else None, "sm_activity": None, "cpu_process": 0.05}},
         "series_path": f"series/test_units[{case}].csv",
-    }  # fmt: skip
+    }
 
 
 def write_run(path: Path, gpu: str | None, commit: str, when: str) -> Path:
@@ -74,7 +74,7 @@ def write_run(path: Path, gpu: str | None, commit: str, when: str) -> Path:
                                        "settings": {"profile": "quick", "dataset": "synthetic", "epochs": 22}}},
         "benchmarks": [{"name": f"test_units[{case}]", "fullname": f"bench/test_experiments.py::test_units[{case}]",
                         "extra_info": record(case, gpu)} for case in CASES],
-    }  # fmt: skip
+    }
     path.write_text(json.dumps(run))
     return path
 
@@ -97,11 +97,11 @@ def test_two_runners_share_one_history(tmp_path, bare, monkeypatch, capsys) -> N
     assert push(h100, "origin", "gpu-box_1") == 0
     assert push(h200, "origin", "gpu-box-2") == 0
     assert branch_files(bare) == ["runs/nvidia-h100-80gb-hbm3/29990101T100000Z_aaaa1111_gpu-box-1.json",
-                                  "runs/nvidia-h200/29990101T100000Z_aaaa1111_gpu-box-2.json"]  # fmt: skip
+                                  "runs/nvidia-h200/29990101T100000Z_aaaa1111_gpu-box-2.json"]
     assert git("log", "--format=%s|%an|%ae", "bench-data", cwd=bare).splitlines() == [
         "bench: aaaa1111 on NVIDIA H200 (29990101T100000Z_aaaa1111_gpu-box-2)|mlp-loadbench|mlp-loadbench@localhost",
         "bench: aaaa1111 on NVIDIA H100 80GB HBM3 (29990101T100000Z_aaaa1111_gpu-box-1)|mlp-loadbench|mlp-loadbench@localhost",
-    ]  # fmt: skip
+    ]
     assert git("status", "--porcelain", cwd=checkout) == "" and git("rev-parse", "HEAD", cwd=checkout) == head
     assert git("branch", "--list", "bench-data", cwd=checkout) == ""  # the caller's checkout is only read
     capsys.readouterr()
@@ -150,7 +150,7 @@ def test_a_rerun_of_one_commit_gets_its_own_file(tmp_path, bare, capsys) -> None
     assert push(first, bare, "box-b") == 0  # another runner in the same second
     assert [Path(f).stem for f in branch_files(bare)] == [
         "29990101T100000Z_dddd4444_box-a", "29990101T100000Z_dddd4444_box-b", "29990101T100001Z_dddd4444_box-a",
-    ]  # fmt: skip
+    ]
     capsys.readouterr()
     assert push(first, bare, "box-a") == 0  # the same run again: nothing to add
     assert "is already on bench-data" in capsys.readouterr().out
@@ -178,7 +178,7 @@ def test_a_push_that_loses_the_race_is_redone_on_the_new_tip(tmp_path, bare, mon
         "bench: eeee5555 on NVIDIA H100 80GB HBM3 (29990102T100000Z_eeee5555_box-1)",
         "bench: eeee5555 on NVIDIA H200 (29990102T100000Z_eeee5555_box-2)",
         "bench: eeee0000 on NVIDIA H100 80GB HBM3 (29990101T100000Z_eeee0000_box-1)",
-    ]  # one line of history: ours on top of the rival's, nothing lost  # fmt: skip
+    ]  # one line of history: ours on top of the rival's, nothing lost
     assert len(branch_files(bare)) == 3
 
 

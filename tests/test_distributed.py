@@ -236,7 +236,7 @@ def test_flat_allreduce_loop_with_torchs_loss_matches_one_process(tmp_path) -> N
 def test_flat_allreduce_loop_refuses_compile_with_one_clear_error(tmp_path) -> None:
     with pytest.raises(DistributedError, match="impl 'compile' is not supported"):
         launch(TrainConfig(epochs=1, width=16, loop="graph", impl="compile"), 2, scale=SCALE, backend="gloo",
-               timeout_s=120, workdir=tmp_path)  # fmt: skip
+               timeout_s=120, workdir=tmp_path)
 
 
 # ------------------------------------------------- which loop a request runs
@@ -318,7 +318,7 @@ def test_nccl_graph_request_runs_the_flat_loop_eagerly_when_told(tmp_path, monke
     # The same flat step, all-reduced by NCCL eagerly, against the single-GPU graph loop.
     monkeypatch.setenv(GRAPH_ENV, "0")  # the launcher hands its environment to the ranks
     config = TrainConfig(width=64, depth=2, epochs=2, batch_size=batch_leaving_one_frame(), optimizer="sgd",
-                         optimizer_impl="triton", loop="graph")  # fmt: skip
+                         optimizer_impl="triton", loop="graph")
     record, ours = trained(config, tmp_path, backend="nccl")
     assert (record["data_parallel"], record["loop"]) == ("flat-allreduce", "fast")
     assert "runs eagerly on NCCL" in record["note"]
@@ -339,7 +339,7 @@ def test_nccl_graph_loop_trains_like_one_gpu(tmp_path, monkeypatch, optimizer, a
     monkeypatch.delenv(GRAPH_ENV, raising=False)  # the default: graphs
     monkeypatch.setenv(BUCKET_ENV, bucket_mb)  # "0.01": the bucket all-reduces launched from autograd, captured
     config = TrainConfig(width=64, depth=2, epochs=3, batch_size=batch_leaving_one_frame(), optimizer=optimizer,
-                         optimizer_impl="triton", loop="graph")  # fmt: skip
+                         optimizer_impl="triton", loop="graph")
     record, ours = trained(config, tmp_path, backend="nccl")
     assert (record["data_parallel"], record["loop"], record["note"]) == ("flat-allreduce", "graph", None)
     assert len(record["allreduce_buckets"]) == (1 if bucket_mb == "0" else 2)
@@ -369,7 +369,7 @@ def test_a_hanging_nccl_graph_run_leaves_nothing_on_the_gpus(tmp_path) -> None:
     try:
         with pytest.raises(DistributedError, match="timed out after 40 s; all ranks stopped"):
             launch(TrainConfig(epochs=10**6, width=64, loop="graph"), 2, scale=SCALE, backend="nccl", timeout_s=40,
-                   workdir=tmp_path)  # fmt: skip
+                   workdir=tmp_path)
     finally:
         done.set()
         watcher.join()
@@ -407,7 +407,7 @@ def test_stopping_a_launch_kills_ranks_in_sessions_of_their_own(tmp_path) -> Non
         f"subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True); time.sleep(600)"
     )
     process = subprocess.Popen([sys.executable, "-c", torchrun], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)  # fmt: skip
+                               text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -493,7 +493,7 @@ def test_shards_balanced_by_durations_cover_every_case_once(pytester) -> None:
     everything = collected(pytester)
     slow = {"test_experiments.py::test_optimizer[opt-adagrad]": 120.0, "test_experiments.py::test_batch_size[batch-64]": 80.0}
     run = {"benchmarks": [{"fullname": n, "stats": {"total": t}} for n, t in slow.items()],
-           "machine_info": {RECORD_KEY: {}}}  # fmt: skip
+           "machine_info": {RECORD_KEY: {}}}
     (pytester.path / "durations.json").write_text(json.dumps(run))
     shards = [collected(pytester, f"--shard={i}/3", "--shard-durations=durations.json") for i in (1, 2, 3)]
     assert sorted(sum(shards, [])) == sorted(everything)
@@ -546,14 +546,14 @@ def test_merged_shards_read_like_one_run(pytester, tmp_path) -> None:
         out = tmp_path / f"shard-{i}.json"
         pytester.runpytest_subprocess("--device=cpu", "--profile=smoke", "--epochs=2", f"--shard={i}/2",
                                       f"--budgets={pytester.path / 'budgets.toml'}", f"--benchmark-json={out}",
-                                      f"--series-dir={tmp_path / 'series'}").assert_outcomes(passed=2 if i == 1 else 1)  # fmt: skip
+                                      f"--series-dir={tmp_path / 'series'}").assert_outcomes(passed=2 if i == 1 else 1)
         shards.append(out)
     merged = tmp_path / "merged.json"
     subprocess.run([sys.executable, "-m", "bench.tools.merge", str(merged), *map(str, shards)], check=True)
     run = json.loads(merged.read_text())
     assert sorted(b["extra_info"]["case"] for b in run["benchmarks"]) == ["opt-sgd", "units-128", "units-256"]
     compare = subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", str(merged)],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+                             capture_output=True, text=True, check=True)
     assert "units-256" in compare.stdout
     written, warnings = build_report([merged], tmp_path / "report")
     assert "units-128" in (tmp_path / "report" / "tables.md").read_text() or "128" in (tmp_path / "report" / "tables.md").read_text()
@@ -569,7 +569,7 @@ def test_a_rank_that_dies_without_an_exception_is_reported_with_its_last_words()
          "Traceback (most recent call last):", "  File torchrun", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
         + ["=" * 20, "model.distributed FAILED", "Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)",
            "  exitcode  : -6 (pid: 31306)", "  traceback : Signal 6 (SIGABRT) received by PID 31306", "=" * 20]
-    )  # fmt: skip
+    )
     detail = failure_detail(output)
     assert "what():  Connection closed by peer" in detail and "Signal 6 (SIGABRT)" in detail
     assert failure_detail("one line") == "one line"

@@ -136,9 +136,9 @@ def test_a_bf16_run_is_not_history_of_an_fp32_baseline(tmp_path) -> None:
 
     def run(when: str, precision: str) -> dict:
         settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "loop": "graph", "impl": "torch",
-                    "optimizer_impl": "torch", "precision": precision, "plant": None}  # fmt: skip
+                    "optimizer_impl": "torch", "precision": precision, "plant": None}
         return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
-                "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}  # fmt: skip
+                "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}
 
     fp32, bf16 = run("2026-01-01", "fp32"), run("2026-01-02", "bf16")
     settings = fp32["machine_info"]["loadbench"]["settings"]
@@ -156,15 +156,15 @@ def test_history_keeps_only_runs_comparable_to_the_baseline(tmp_path) -> None:
 
     def run(when: str, gpu: str = "H100", epochs: int = 40, plant: str | None = None) -> dict:
         settings = {"profile": "quick", "epochs": epochs, "dataset": "synthetic", "loop": "graph",
-                    "impl": "torch", "precision": "fp32", "plant": plant}  # fmt: skip
+                    "impl": "torch", "precision": "fp32", "plant": plant}
         return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
-                "machine_info": {"loadbench": {"gpu": {"name": gpu}, "settings": settings}}}  # fmt: skip
+                "machine_info": {"loadbench": {"gpu": {"name": gpu}, "settings": settings}}}
 
     files = {
         "old.json": run("2026-01-01"), "other_gpu.json": run("2026-01-02", gpu="H200"),
         "other_epochs.json": run("2026-01-03", epochs=8), "planted.json": run("2026-01-04", plant="5%:host"),
         "newer.json": run("2027-01-01"), "mid.json": run("2026-01-05"),
-    }  # fmt: skip
+    }
     for name, content in files.items():
         (tmp_path / name).write_text(json.dumps(content))
     (tmp_path / "corrupt.json").write_text("{")
@@ -181,10 +181,10 @@ def test_history_reads_only_as_many_stored_runs_as_it_keeps(tmp_path, monkeypatc
     import bench.gate.runs as compare
 
     settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "loop": "graph", "impl": "torch",
-                "optimizer_impl": "torch", "precision": "fp32", "plant": None}  # fmt: skip
+                "optimizer_impl": "torch", "precision": "fp32", "plant": None}
     def run(day: int) -> dict:
         return {"datetime": f"2026-01-{day:02d}", "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
-                "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}  # fmt: skip
+                "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}
 
     for day in range(1, 31):
         path = tmp_path / f"{day:04d}_run.json"
@@ -254,7 +254,7 @@ def test_a_machine_info_difference_is_one_short_line_that_names_the_settings_fir
     line = machine_difference(ours, base)
     assert line is not None and len(line) <= 160
     assert line == ("baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8, "
-                    "dataset /a/very/long/path... vs unset and 1 more; loadbench.gpu.name and 43 more")  # fmt: skip
+                    "dataset /a/very/long/path... vs unset and 1 more; loadbench.gpu.name and 43 more")
     del ours["cpu"]
     assert machine_difference(ours, base) == (
         "baseline machine_info differs (this run vs baseline): settings epochs 2 vs 8, dataset /a/very/long/path... "
@@ -263,4 +263,4 @@ def test_a_machine_info_difference_is_one_short_line_that_names_the_settings_fir
     del ours["loadbench"]["settings"]["dataset"]
     assert machine_difference(ours, base) == ("baseline machine_info differs (this run vs baseline): settings "
                                               "epochs 2 vs 8, plant 5%:gpu vs unset; loadbench.gpu.name, "
-                                              "cpu.brand_raw, cpu.flags, node")  # fmt: skip
+                                              "cpu.brand_raw, cpu.flags, node")

@@ -238,7 +238,7 @@ def test_graph_epoch_batches_cover_every_frame_once_with_the_partial_batch(monke
     model = torch.nn.Linear(1, 1)
     epoch = GraphEpoch(step, model, torch.optim.SGD(model.parameters(), lr=0.1),
                        torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.zeros(n, dtype=torch.long),
-                       batch, torch.Generator().manual_seed(0), whole_epoch)  # fmt: skip
+                       batch, torch.Generator().manual_seed(0), whole_epoch)
     loss = epoch()  # warm-up, capture and the first epoch's replay
     assert loss == pytest.approx(sum(range(n)) / n)  # every frame's loss, divided by all frames
     for _ in range(2):

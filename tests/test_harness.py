@@ -64,7 +64,7 @@ def bench(pytester: pytest.Pytester, tiny_csv: Path):
         return pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=8", TIMER,
             f"--dataset={tiny_csv}", f"--benchmark-storage={pytester.path / 'runs'}", *extra, *args,
-        )  # fmt: skip
+        )
 
     return run
 
@@ -87,7 +87,7 @@ def test_records_hold_what_the_study_reported(bench, pytester) -> None:
     bench("--benchmark-json=out.json", budgets="").assert_outcomes(passed=2)
     info = json.loads((pytester.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
     for key in ("accuracy", "macro_f1", "weighted_f1", "final_loss", "first_epoch_s", "median_epoch_s",
-                "samples_per_s", "tflops", "cost", "load", "energy_j", "throttled", "config", "series_path"):  # fmt: skip
+                "samples_per_s", "tflops", "cost", "load", "energy_j", "throttled", "config", "series_path"):
         assert key in info, key
     assert len(info["epoch_seconds_by_round"][0]) == 8
     assert info["load"]["fields"]["gpu_util"] is None  # unavailable on a CPU, not zero
@@ -141,7 +141,7 @@ def test_stored_history_sets_the_noise_bound(bench, pytester, monkeypatch) -> No
     quiet = compare("0.1135")
     quiet.assert_outcomes(failed=2)
     quiet.stdout.fnmatch_lines(["*limit from budget 10%*run-to-run spread*3 stored run(s)*",
-                                "*time gate: 2 case(s) judged against their run-to-run spread*"])  # fmt: skip
+                                "*time gate: 2 case(s) judged against their run-to-run spread*"])
     store("0.112")
     store("0.089")
     store("0.100")
@@ -168,7 +168,7 @@ def test_pytest_benchmark_compare_reads_our_runs(bench, pytester) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pytest_benchmark", "--storage", str(pytester.path / "runs"), "compare", str(run)],
         capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    )
     assert "test_small" in out.stdout and "test_other" in out.stdout
 
 
@@ -460,12 +460,12 @@ def test_the_record_names_the_card_a_run_was_made_on(monkeypatch) -> None:
     from bench.plugin.session import LoadBenchSession
 
     info = GpuInfo(index=0, name="NVIDIA H200", uuid="GPU-1234", memory_total_mib=143771.0, power_limit_w=700.0,
-                   driver="580.159.04", gpm=True)  # fmt: skip
+                   driver="580.159.04", gpm=True)
     session = LoadBenchSession.__new__(LoadBenchSession)  # only the probe is read
     session.probe = GpuProbe(handle=None, info=info)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     assert session.gpu_info == {"name": "NVIDIA H200", "uuid": "GPU-1234", "memory_total_mib": 143771,
-                                "driver": "580.159.04", "power_limit_w": 700.0, "gpm": True, "capability": "9.0"}  # fmt: skip
+                                "driver": "580.159.04", "power_limit_w": 700.0, "gpm": True, "capability": "9.0"}
 
 
 KILL_SECOND = """
@@ -526,7 +526,7 @@ def test_the_partial_file_is_written_at_most_every_interval_and_by_its_cost(tmp_
         pytest_benchmark_generate_json=lambda config, benchmarks, include_data, machine_info, commit_info: {
             "benchmarks": [str(b) for b in benchmarks], "machine_info": machine_info, "commit_info": commit_info},
         pytest_benchmark_update_json=lambda config, benchmarks, output_json: None,
-    )  # fmt: skip
+    )
     session = SimpleNamespace(benchmarks=[], json=tmp_path / "run.json", disabled=False, get_machine_info=dict)
     run = partial.PartialRun(SimpleNamespace(hook=hook, _benchmarksession=session))
     written = tmp_path / "run.partial.json"
@@ -573,7 +573,7 @@ def test_an_unstored_serving_run_writes_nothing_where_it_runs(tmp_path) -> None:
         [sys.executable, "-m", "pytest", str(root / "bench" / "test_inference.py"), "-k", "blocks-3-fp32-torch",
          "-p", "no:cacheprovider", "-q", "--device=cpu", "--profile=smoke", f"--rootdir={root}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "LOADBENCH_MODEL_CACHE": ""},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout
     # pytest-benchmark makes its (empty) storage folder wherever it runs; nothing of ours is in it

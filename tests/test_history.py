@@ -59,14 +59,14 @@ def record(case: str, gpu: str | None, slower: float = 1.0, accuracy: float = 0.
                                 "sm_activity": 0.3 if gpu == H200 else None, "cpu_process": 0.05},
                  "unavailable": {} if gpu == H200 else {"sm_activity": "GPM not supported on this GPU"}},
         "series_path": None,
-    }  # fmt: skip
+    }
 
 
 def write_run(folder: Path, n: int, gpu: str | None, changes: dict[str, dict] | None = None, seed: int = 0) -> Path:
     """Run number n (a day apart, commit c<n>...) of every case, in a shuffled order."""
     changes = changes or {}
     benchmarks = [{"name": f"test_x[{case}]", "fullname": f"bench/test_experiments.py::test_x[{case}]",
-                   "extra_info": record(case, gpu, **changes.get(case, {}))} for case in CASES]  # fmt: skip
+                   "extra_info": record(case, gpu, **changes.get(case, {}))} for case in CASES]
     random.Random(seed + n).shuffle(benchmarks)
     run = {
         "datetime": f"2999-01-{n + 1:02d}T10:00:00",
@@ -74,7 +74,7 @@ def write_run(folder: Path, n: int, gpu: str | None, changes: dict[str, dict] | 
         "machine_info": {"loadbench": {"gpu": {"name": gpu} if gpu else None,
                                        "settings": {"profile": "quick", "dataset": "synthetic", "epochs": 22}}},
         "benchmarks": benchmarks,
-    }  # fmt: skip
+    }
     path = folder / f"{n:04d}_run.json"
     path.write_text(json.dumps(run))
     return path
@@ -179,7 +179,7 @@ def test_regressions_are_marked_and_listed_with_the_rule(report) -> None:
     # newest first, then the study's order: units-1024 before act-sigmoid
     assert [(case, c[0], c[3]) for case, c in cells] == [
         ("units-1024", "c0000004", "median_epoch_s"), ("act-sigmoid", "c0000003", "accuracy"),
-        ("act-sigmoid", "c0000003", "macro_f1")]  # fmt: skip
+        ("act-sigmoid", "c0000003", "macro_f1")]
     slow = cells[0][1]
     assert slow[2] == "units-1024" and slow[4].endswith(" s") and slow[5].endswith(" s")
     assert "epoch_time_ratio = 3 breaks its limit" in slow[6]  # the gate's rule, word for word
@@ -201,7 +201,7 @@ def test_the_summary_is_an_html_table_in_study_order(report) -> None:
     assert {case for marked, case in rows if marked} == {"units-1024"}
     markdown = (report[0] / "summary.md").read_text()  # still written, for the CI job summary
     assert [line.split("|")[1].strip() for line in markdown.splitlines() if line.startswith("| ") and "-" in line.split("|")[1]
-            and not line.startswith("| case")] == CASES  # fmt: skip
+            and not line.startswith("| case")] == CASES
 
 
 def test_the_selects_list_experiments_and_cases_in_study_order(report) -> None:
@@ -217,7 +217,7 @@ def test_the_selects_list_experiments_and_cases_in_study_order(report) -> None:
 def test_study_order_sorts_numbers_by_value_and_unknown_ids_last() -> None:
     shuffled = ["opt-adam", "units-2048", "zeta-1", "batch-64", "units-128", "units-4096", "blocks-5", "act-silu", "act-relu"]
     assert sorted(shuffled, key=study_order) == ["blocks-5", "units-128", "units-2048", "units-4096", "batch-64",
-                                                 "act-relu", "act-silu", "opt-adam", "zeta-1"]  # fmt: skip
+                                                 "act-relu", "act-silu", "opt-adam", "zeta-1"]
 
 
 # ---------------------------------------------------------------------- in a real browser
@@ -243,7 +243,7 @@ window.addEventListener("load", function () {
 
 def chromium() -> str | None:
     return next((found for name in ("chromium", "chromium-browser", "google-chrome", "chrome")
-                 if (found := shutil.which(name))), None)  # fmt: skip
+                 if (found := shutil.which(name))), None)
 
 
 @pytest.mark.skipif(chromium() is None, reason="no chromium binary on PATH (apt-get install chromium) to open the page in")
@@ -258,7 +258,7 @@ def test_the_page_renders_and_responds_in_a_real_browser(report, tmp_path) -> No
              "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={profile}",
              "--virtual-time-budget=10000", "--dump-dom", probed.as_uri()],
             capture_output=True, text=True, timeout=180, check=False,  # its output says what went wrong
-        )  # fmt: skip
+        )
     found = re.search(r'data-probe="([^"]*)"', result.stdout)
     assert found, f"the page's scripts did not run: {result.stderr[-2000:]}"
     probe = json.loads(htmlmod.unescape(found.group(1)))
@@ -308,7 +308,7 @@ def test_a_planted_run_is_drawn_apart_marked_and_not_flagged(tmp_path) -> None:
     listed = re.search(r"<ul class='note other-settings'>(.*?)</ul>", h200, re.DOTALL).group(1)
     assert re.findall(r"<li>(.*?)</li>", listed) == [
         "c0000002 2999-01-03 10:00:00: <b>planted +150% (host)</b>; not gated: no earlier run "
-        "with the same settings (plant 150%:host; the run before: plant unset)"]  # fmt: skip
+        "with the same settings (plant 150%:host; the run before: plant unset)"]
     assert "none between runs with the same settings on this GPU" in h200
 
 
@@ -321,7 +321,7 @@ def test_reruns_of_a_commit_are_told_apart_on_the_x_axis(tmp_path) -> None:
     section = sections(runs, Budgets.load(write_budgets(tmp_path)))[0]
     ticks = metric_figure(section, "accuracy", METRICS["accuracy"]).layout.xaxis.ticktext
     assert list(ticks) == ["dddddddd<br>2999-01-01 10:00:00 #1", "dddddddd<br>2999-01-01 10:00:00 #2",
-                           "dddddddd<br>2999-01-01 11:30:00"]  # fmt: skip
+                           "dddddddd<br>2999-01-01 11:30:00"]
     assert len(set(section.labels)) == 3
 
 

@@ -120,7 +120,7 @@ def test_measure_with_a_planted_clock(data):
 def test_measure_reads_a_planted_energy_counter(data):
     readings = iter([1000.0, 1000.0 + 3 * 128 * 2.0])  # mJ: 2 mJ a sample over the largest batch's loop
     result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=5, batches=(128,), clock=stepping_clock(0.1),
-                     energy_mj=lambda: next(readings))  # fmt: skip
+                     energy_mj=lambda: next(readings))
     assert result["energy_j_per_1k"] == pytest.approx(2.0)  # 2 mJ x 1000 = 2 J per 1,000
     assert "energy_j_per_1k" not in result["unavailable"]
 
@@ -154,7 +154,7 @@ def test_latency_is_timed_inside_the_quiet_context_it_is_given(data):
         return [5e-6] * count
 
     measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
-            latency_timer=timer, latency_quiet=quiet)  # fmt: skip
+            latency_timer=timer, latency_quiet=quiet)
     assert seen == [True] and state == {"quiet": False, "entered": 1}  # CPU: the eager loop only
 
 
@@ -170,7 +170,7 @@ def affinity_seen_by_the_timer(data, **options):
         return [5e-6] * count
 
     result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
-                     latency_timer=timer, **options)  # fmt: skip
+                     latency_timer=timer, **options)
     return result, seen
 
 
@@ -202,7 +202,7 @@ def test_pin_where_the_platform_cannot_pin_runs_free_and_says_so(data, monkeypat
         monkeypatch.setattr(os, "sched_setaffinity", refuse)
     timed = []
     result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
-                     latency_timer=lambda call, count: timed.append(count) or [5e-6] * count, pin=True)  # fmt: skip
+                     latency_timer=lambda call, count: timed.append(count) or [5e-6] * count, pin=True)
     assert timed == [3] and result["latency_pinned_cpu"] is None
     assert result["unavailable"]["latency_pinned_cpu"] == inference.PIN_UNAVAILABLE
 
@@ -226,7 +226,7 @@ def test_measure_through_a_latency_timer(data):
         return [5e-6] * count
 
     result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=7, batches=(64,), clock=stepping_clock(0.1),
-                     latency_timer=timer)  # fmt: skip
+                     latency_timer=timer)
     assert seen == [7] and result["latency_eager_s"]["p99"] == 5e-6
 
 
@@ -262,7 +262,7 @@ def test_measure_bad_arguments(data, kwargs, match):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through Triton's interpreter; on a GPU "
-                    "bench/test_inference.py records the routes")  # fmt: skip
+                    "bench/test_inference.py records the routes")
 @pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "layer-by-layer"])
 def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path, fused):
     """The fused kernel's serving record names each batch size's forward launches: at
@@ -392,7 +392,7 @@ accuracy_drop_vs_fp32_max = 0.08
 accuracy_drop_vs_fp32_max = 0.2
 [datasets.synthetic.profiles.quick.inference.cases."units-512"]
 latency_p99_us_max = 30
-"""))  # fmt: skip
+"""))
     assert budgets.resolve_inference("quick", "bf16", "units-512").accuracy_drop_vs_fp32_max == 0.01
     assert budgets.resolve_inference("quick", "prune-90", "units-512").accuracy_drop_vs_fp32_max == 0.08
     assert budgets.resolve_inference("smoke", "prune-90", "units-512").accuracy_drop_vs_fp32_max == 0.2
@@ -421,7 +421,7 @@ def test_shipped_budgets_load():
 
 
 RECORD = {"accuracy": 0.70, "accuracy_drop": 0.02, "latency_p99_s": 40e-6, "latency_mode": "graph",
-          "throughput": {"512": 1e6, "4096": 2e6}}  # fmt: skip
+          "throughput": {"512": 1e6, "4096": 2e6}}
 
 
 def test_inference_checks_pass_and_fail_with_one_record_each():

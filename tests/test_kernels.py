@@ -157,7 +157,7 @@ def test_bf16_and_tf32_tolerances(activation) -> None:
                                                   "cuBLAS SGEMM's RMS error in dX (5x in dW at batch 4096); "
                                                   "hence 3xTF32 is the default strict-fp32 mode")),
     "tf32x3",
-])  # fmt: skip
+])
 @pytest.mark.parametrize("shape", [(512, 512, 512), (512, 2048, 2048), (4096, 75, 512)], ids=["hidden", "wide", "first-layer"])
 def test_strict_fp32_modes_against_float64(monkeypatch, mode, shape) -> None:
     """Both strict-fp32 paths, no absolute floor: the 1.5x bound against cuBLAS's IEEE
@@ -302,7 +302,7 @@ def test_a_first_use_cache_becomes_the_table_with_its_own_versions(tmp_path) -> 
     from kernels.plan.tuning_cache import cache_key
 
     config = {"block_r": 16, "block_c": 64, "block_red": 32, "num_warps": 4, "num_stages": 3, "group": 8,
-              "split_k": 4, "backend": "triton"}  # fmt: skip
+              "split_k": 4, "backend": "triton"}
     cache = TuningCache(tmp_path, cache_key("GPU Y", "3.6.0", "2.11.0"))
     cache.put("dw:float32:tf32x3:pointwise:512:512:512", {"config": config, "ms": 0.004, "timing": "quick 5 x 3"})
     out = tmp_path / "table.json"
@@ -477,7 +477,7 @@ def test_a_gemv_route_for_a_gradient_is_refused_with_the_key(launches) -> None:
     {"dw": CUBLAS},
     {"dx": CUBLAS},
     {"fwd": CUBLAS, "dw": LaunchConfig(16, 16, 16, 4, 3, split_k=2)},
-], ids=["dw-cublas", "dx-cublas", "fwd-cublas-dw-split"])  # fmt: skip
+], ids=["dw-cublas", "dx-cublas", "fwd-cublas-dw-split"])
 def test_mixed_routes_match_torch(launches, routes) -> None:
     torch.set_float32_matmul_precision("highest")
     launches.reset_launch_state(mode="off", tables=table_for(routes, 70, 40, 36, "silu"))
@@ -491,7 +491,7 @@ def test_mixed_routes_match_torch(launches, routes) -> None:
     {},
     {"fwd": CUBLAS, "dw": CUBLAS, "dx": CUBLAS},
     {"dw": LaunchConfig(16, 16, 16, 4, 3, split_k=2)},
-], ids=["triton", "cublas", "dw-split"])  # fmt: skip
+], ids=["triton", "cublas", "dw-split"])
 def test_autocast_hands_the_kernels_fp32_master_weights(launches, routes) -> None:
     """Under 16-bit autocast W and b reach the kernels in fp32: Y is 16-bit, dW and db
     come back in fp32 (from the fused kernels without passing through 16 bits), and

@@ -57,7 +57,7 @@ def graph() -> Graph:
 def blocked_python(code: str) -> subprocess.CompletedProcess[str]:
     """Run `code` after BLOCKER in a fresh interpreter from the repository root."""
     return subprocess.run([sys.executable, "-c", BLOCKER + code], cwd=ROOT, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)  # fmt: skip
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
 
 
 def write_package(root: Path, files: dict[str, str]) -> None:
@@ -75,7 +75,7 @@ def test_a_planted_from_import_circle_is_found_lazy_imports_too(tmp_path: Path) 
         "pkg/a.py": "from pkg import b\n",
         "pkg/b.py": "def late():\n    from pkg import a\n    return a\n",
         "pkg/c.py": "from pkg import VERSION\n",  # a name, not a module: an import of the package
-    })  # fmt: skip
+    })
     graph = build_graph(tmp_path, ["pkg"])
     assert graph.edges["pkg.a"] == {"pkg.b"} and graph.edges["pkg.b"] == {"pkg.a"}
     assert graph.edges["pkg.c"] == {"pkg"}
@@ -88,7 +88,7 @@ def test_relative_and_dotted_imports_resolve_to_project_modules(tmp_path: Path) 
         "pkg/sub/__init__.py": "",
         "pkg/sub/deep.py": "from ..sub import leaf\nimport pkg.sub.leaf as again\nimport numpy\n",
         "pkg/sub/leaf.py": "",
-    })  # fmt: skip
+    })
     graph = build_graph(tmp_path, ["pkg"])
     assert graph.edges["pkg"] == {"pkg.sub"}
     assert graph.edges["pkg.sub.deep"] == {"pkg.sub.leaf"} and graph.external["pkg.sub.deep"] == {"numpy"}
@@ -97,7 +97,7 @@ def test_relative_and_dotted_imports_resolve_to_project_modules(tmp_path: Path) 
 
 def test_a_planted_back_arrow_is_found(tmp_path: Path) -> None:
     write_package(tmp_path, {"low/__init__.py": "", "low/rule.py": "from high import tool\n",
-                             "high/__init__.py": "", "high/tool.py": "from low import rule\n"})  # fmt: skip
+                             "high/__init__.py": "", "high/tool.py": "from low import rule\n"})
     graph = build_graph(tmp_path, ["low", "high"])
     assert back_arrows(graph, {"low": (), "high": ("low",)}) == [("low.rule", "high.tool")]
 
@@ -148,7 +148,7 @@ def test_json_only_tools_start_without_torch(tool: str) -> None:
     """--help runs with torch and pytest unimportable: the tool's start loads neither."""
     code = (f"import runpy\nsys.argv = ['bench.tools.{tool}', '--help']\n"
             f"try:\n    runpy.run_module('bench.tools.{tool}', run_name='__main__')\n"
-            "except SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n")  # fmt: skip
+            "except SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n")
     done = blocked_python(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout

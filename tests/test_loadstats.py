@@ -36,7 +36,7 @@ def test_a_window_keeps_only_its_samples_and_takes_energy_from_their_power() -> 
 
 def _summary(samples: list[dict]) -> dict:
     return summarize(samples, gpu=None, energy_j=None, epochs=1, elapsed=1.0, busy_seconds=0.0, period=0.1,
-                     unavailable={})  # fmt: skip
+                     unavailable={})
 
 
 def test_a_missing_gpu_busy_reading_is_none_never_zero() -> None:

@@ -24,9 +24,9 @@ def shard_run(i: int, settings: dict[str, Any] | None = SETTINGS) -> dict[str, A
     if settings is not None:
         record["settings"] = settings | {"shard": f"{i}/2"}
     bench = {"fullname": f"bench/test_experiments.py::test_units[{i}]", "name": f"test_units[{i}]",
-             "params": {}, "stats": {"median": 1.0}, "extra_info": {}}  # fmt: skip
+             "params": {}, "stats": {"median": 1.0}, "extra_info": {}}
     return {"datetime": "2024-01-01T00:00:00", "commit_info": {"id": "abc"}, "benchmarks": [bench],
-            "machine_info": {"loadbench": record}}  # fmt: skip
+            "machine_info": {"loadbench": record}}
 
 
 def write_shards(tmp_path: Path, *runs: dict[str, Any]) -> list[Path]:
@@ -65,7 +65,7 @@ def test_the_output_may_not_be_a_shard(tmp_path: Path) -> None:
     shards = write_shards(tmp_path, shard_run(1), shard_run(2))
     before = snapshot(tmp_path)
     done = subprocess.run([sys.executable, "-m", "bench.tools.merge", str(shards[0]), *map(str, shards)],
-                          capture_output=True, text=True)  # fmt: skip
+                          capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     err = one_line(done.stderr)
     assert err == f"mlp-loadbench merge: {shards[0]}: the output is also a shard and would be overwritten; name a new file to write\n"
@@ -156,7 +156,7 @@ def test_a_run_without_settings_names_the_file_and_key(tmp_path: Path, without: 
     assert merge_main([str(tmp_path / "merged.json"), *map(str, shards)]) == 2
     err = one_line(capsys.readouterr().err)
     assert err == (f"mlp-loadbench merge: {shards[without - 1]}: machine_info.loadbench.settings is missing; "
-                   "not a complete run of this suite\n")  # fmt: skip
+                   "not a complete run of this suite\n")
     assert snapshot(tmp_path) == before
 
 
@@ -164,7 +164,7 @@ def test_runs_without_settings_fail_as_a_command_too(tmp_path: Path) -> None:
     shards = write_shards(tmp_path, shard_run(1, None), shard_run(2, None))
     before = snapshot(tmp_path)
     done = subprocess.run([sys.executable, "-m", "bench.tools.merge", str(tmp_path / "m.json"), *map(str, shards)],
-                          capture_output=True, text=True)  # fmt: skip
+                          capture_output=True, text=True)
     assert done.returncode == 2
     assert f"{shards[0]}: machine_info.loadbench.settings is missing" in one_line(done.stderr)
     assert snapshot(tmp_path) == before

@@ -36,7 +36,7 @@ def exact(x, ws, bs, acts):
     ([75, 130, 10], 3, ["leaky_relu", "identity"]),  # strips and reduction steps left partial
     ([20, 16, 16, 16, 16, 16, 7], 16, ["tanh"] * 5 + ["identity"]),  # six layers, sixteen rows
     ([75, 10], 2, ["sigmoid"]),  # one layer: no barrier
-], ids=["batch-1", "partial-tiles", "six-layers", "one-layer"])  # fmt: skip
+], ids=["batch-1", "partial-tiles", "six-layers", "one-layer"])
 def test_one_launch_matches_float64(widths, rows, acts) -> None:
     ws, bs = network(widths)
     x = torch.randn(rows, widths[0], generator=torch.Generator().manual_seed(1)).to(DEVICE)
@@ -84,7 +84,7 @@ def test_what_it_does_not_take() -> None:
 @pytest.mark.parametrize(("rows", "widths", "sms", "fits", "programs"), [
     (1, [75, 512, 512, 512, 10], 132, True, 128), (1, [75, 1024, 1024, 10], 132, True, 128),
     (1, [75, 2048, 2048, 10], 132, False, 128), (16, [75, 512, 10], 132, False, 128), (3, [75, 128, 10], 1, False, 1),
-])  # fmt: skip
+])
 def test_tiles_fit_registers_and_programs_fit_the_sms(rows, widths, sms, fits, programs) -> None:
     plan = mlp_forward.tile(rows, widths, sms)
     size = plan.block_m * plan.block_n * plan.block_k
@@ -202,7 +202,7 @@ def test_on_the_gpu_no_launch_reads_another_launchs_words(monkeypatch) -> None:
 @gpu
 @needs_gpu
 @pytest.mark.parametrize(("widths", "rows"), [([8, 8, 8, 4], 1), ([8, 8, 8, 4], 3), ([75, 128, 8192], 1)],
-                         ids=["tiny", "tiny-3-rows", "wide-head-8-warps"])  # fmt: skip
+                         ids=["tiny", "tiny-3-rows", "wide-head-8-warps"])
 def test_on_the_gpu_inputs_smaller_than_the_program_read_fresh_words(widths, rows) -> None:
     """A layer's input with fewer elements than the program has threads is held by
     several threads at once, each loading its own copy while it waits; every copy must

@@ -66,7 +66,7 @@ def test_no_commit_ids_in_comments_or_docstrings():
 def test_no_fmt_skip_markers_without_a_formatter():
     problems = [
         f"{path.relative_to(ROOT)}:{line}"
-        for path in sources()
+        for path in [*sources(), *sorted((ROOT / "tests").rglob("*.py"))]
         for line, comment in comments(path.read_text(encoding="utf-8"))
         if "fmt: skip" in comment or "fmt: off" in comment
     ]
@@ -80,3 +80,9 @@ def test_no_fmt_skip_markers_without_a_formatter():
 )
 def test_the_commit_pattern(text, found):
     assert bool(COMMIT.search(text)) is found
+
+
+def test_the_readme_is_short_and_has_contents():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; results and details belong in docs/"
+    assert any(line.startswith("**Contents:**") for line in lines[:30])

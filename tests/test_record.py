@@ -34,11 +34,11 @@ def run_file(path: Path, fmt: object = None, index: int = 1) -> Path:
     if fmt is not None:
         made[FORMAT_KEY] = fmt
     info = {"case": "units-128", "experiment": "units", "epoch_seconds_by_round": [[1.0, 0.1, 0.1, 0.1]],
-            "median_epoch_s": 0.1, "accuracy": 0.8, "macro_f1": 0.7}  # fmt: skip
+            "median_epoch_s": 0.1, "accuracy": 0.8, "macro_f1": 0.7}
     bench = {"fullname": f"bench/test_experiments.py::test_hidden_units[units-128-{index}]", "name": "t",
-             "params": {}, "stats": {"median": 1.0}, "extra_info": info}  # fmt: skip
+             "params": {}, "stats": {"median": 1.0}, "extra_info": info}
     run = {"datetime": "2026-01-01T00:00:00", "commit_info": {"id": "ab" * 20}, "benchmarks": [bench],
-           "machine_info": {"loadbench": made}}  # fmt: skip
+           "machine_info": {"loadbench": made}}
     path.write_text(json.dumps(run))
     return path
 
@@ -81,7 +81,7 @@ def test_the_serving_fields_are_the_ones_the_serving_test_writes() -> None:
     from bench.test_inference import RECORD_KEYS
 
     written = {"kind", "case", "experiment", "variant", "impl", "config", "profile", "dataset", *RECORD_KEYS,
-               "latency_p99_s", "load", "throttled", "verdict"}  # fmt: skip
+               "latency_p99_s", "load", "throttled", "verdict"}
     assert set(names(SERVING_FIELDS)) == written
     assert len(names(SERVING_FIELDS)) == len(set(names(SERVING_FIELDS)))  # each declared once
 
@@ -96,7 +96,7 @@ def test_the_plugin_writes_the_format_and_the_declared_case_fields(tmp_path: Pat
          "--epochs", "2", "--device", "cpu", "-q", "-p", "no:cacheprovider", f"--benchmark-json={out}",
          f"--series-dir={tmp_path / 'series'}"],
         cwd=ROOT, env=env, check=True, capture_output=True,
-    )  # fmt: skip
+    )
     run = json.loads(out.read_text())
     assert run["machine_info"]["loadbench"][FORMAT_KEY] == RECORD_FORMAT
     (bench,) = run["benchmarks"]

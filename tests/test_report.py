@@ -67,7 +67,7 @@ def storage(tmp_path_factory) -> Path:
              "--epochs=3", f"--budgets={root / 'budgets.toml'}", f"--benchmark-storage={root / 'store'}",
              "--benchmark-autosave", f"--series-dir={root / 'series'}"],
             cwd=root, check=True, capture_output=True,
-        )  # fmt: skip
+        )
     return root
 
 
@@ -101,7 +101,7 @@ def test_resource_figure_has_one_line_per_case(storage) -> None:
 def test_resource_figure_runs_on_seconds_with_epoch_ends_marked() -> None:
     # 30 samples 0.1 s apart over 3 epochs: the monitor carries the epoch last reported, -1 before the first.
     columns = {"t": [0.05 + 0.1 * i for i in range(30)], "epoch": [-1.0] * 10 + [0.0] * 10 + [1.0] * 9 + [2.0],
-               "cpu_process": [50.0 + i % 3 for i in range(30)]}  # fmt: skip
+               "cpu_process": [50.0 + i % 3 for i in range(30)]}
     fig = resource_figure("hidden units", {"units-256": columns, "units-128": columns}, window=50)
     lines = fig.axes[0].lines
     assert [line.get_label() for line in lines] == ["units-128", "units-256"]  # the study's order, in the legend too
@@ -115,7 +115,7 @@ def test_epoch_ends_thin_out_when_epochs_outpace_the_monitor() -> None:
     assert epoch_ends(columns) == [2, 4, 5, 6, 7, 10, 11]
     assert epoch_ends(columns, every=2) == [4, 6, 7, 10, 11]  # where 2, 4, 6 epochs were done, and the new round
     fig = resource_figure("loop", {"loop-graph": {"t": [0.1 * i for i in range(400)], "epoch": [float(i) for i in range(400)],
-                                                  "cpu_process": [50.0] * 400}}, window=50)  # fmt: skip
+                                                  "cpu_process": [50.0] * 400}}, window=50)
     assert len(fig.axes[0].lines[0].get_markevery()) <= 40 and "every 10 epochs" in fig.axes[0].get_xlabel()
 
 
@@ -150,7 +150,7 @@ def test_empty_storage_gives_a_clear_message(tmp_path, capsys) -> None:
 
 def _our_run_without_cases() -> str:
     return json.dumps({"datetime": "2024-01-01T00:00:00", "benchmarks": [],
-                       "machine_info": {"loadbench": {"gpu": None, "settings": {"profile": "smoke"}}}})  # fmt: skip
+                       "machine_info": {"loadbench": {"gpu": None, "settings": {"profile": "smoke"}}}})
 
 
 UNUSABLE = {  # file name: (contents, None for no file; the reason the error must give)
@@ -330,7 +330,7 @@ def test_the_report_reads_run_to_run_noise_from_earlier_runs_like_the_gate(stora
         info = now["extra_info"]
         budget = Budgets.load(budgets).resolve("smoke", info["experiment"], info["case"])
         gate = check_against(budget=budget, current=info, baseline=saved["extra_info"],
-                             history=case_history(history, saved["fullname"]))  # fmt: skip
+                             history=case_history(history, saved["fullname"]))
         assert [f.metric for f in gate] == ["epoch_time_ratio"]
     # Without the earlier runs the spread is unknown, 40% is assumed, and +20% passes.
     build_report(paths[-2:], tmp_path / "alone", budgets_path=budgets)
@@ -366,7 +366,7 @@ def test_pareto_labels_do_not_overlap_even_when_points_crowd() -> None:
     rng = random.Random(1)
     cases = [c.id for c in all_cases() + loop_cases()]
     records = [{"case": case, "train_seconds": rng.choice([1.6, 1.62, 2.9, 5.7, 9.6]) + rng.gauss(0, 0.01),
-                "accuracy": 0.755 + rng.gauss(0, 0.003), "energy_j": 400 + rng.gauss(0, 2)} for case in cases]  # fmt: skip
+                "accuracy": 0.755 + rng.gauss(0, 0.003), "energy_j": 400 + rng.gauss(0, 2)} for case in cases]
     fig = pareto_figure(records)
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
@@ -412,7 +412,7 @@ def test_tables_and_summary_list_cases_in_study_order(storage, tmp_path) -> None
 
 def test_merged_shards_hold_the_cases_in_study_order(storage, tmp_path) -> None:
     shards = [_shuffled_run(storage, tmp_path, "a.json", SORTED_STRINGS[::2]),
-              _shuffled_run(storage, tmp_path, "b.json", SORTED_STRINGS[1::2])]  # fmt: skip
+              _shuffled_run(storage, tmp_path, "b.json", SORTED_STRINGS[1::2])]
     assert merge_main([str(tmp_path / "merged.json"), *map(str, shards)]) == 0
     merged = json.loads((tmp_path / "merged.json").read_text())
     assert [b["extra_info"]["case"] for b in merged["benchmarks"]] == STUDY
@@ -422,10 +422,10 @@ def test_the_terminal_summary_lists_cases_in_study_order(storage) -> None:
     runs, _ = load_runs(find_run_files(storage / "store"))
     info = runs[-1].cases()[0]["extra_info"]
     entries = [{"case": Case(case.split("-")[0], case.split("-")[1]), "record": info, "failures": [], "deltas": None}
-               for case in SORTED_STRINGS]  # fmt: skip
+               for case in SORTED_STRINGS]
     lines = "\n".join(render_summary(entries, []))
     assert [title for title in re.findall(r"^\| (hidden blocks|hidden units|batch size) ", lines, re.MULTILINE)] == [
-        "hidden blocks", "hidden units", "batch size"]  # fmt: skip
+        "hidden blocks", "hidden units", "batch size"]
     values = [line.split("|")[1].strip() for line in lines.splitlines() if re.match(r"\| \d", line)]
     assert values == ["2", "128", "1024", "2048", "64", "128", "256", "512"]
 
@@ -436,13 +436,13 @@ def test_merge_names_only_the_settings_that_differ(tmp_path, capsys) -> None:
     for i, changed in ((1, {}), (2, {"epochs": 8, "profile": "smoke"})):
         ours = {"gpu": None, "settings": settings | changed | {"shard": f"{i}/2"}}
         run = {"datetime": "2024-01-01T00:00:00", "commit_info": {"id": "abc"}, "benchmarks": [],
-               "machine_info": {"loadbench": ours}}  # fmt: skip
+               "machine_info": {"loadbench": ours}}
         shards.append(tmp_path / f"shard-{i}.json")
         shards[-1].write_text(json.dumps(run))
     assert merge_main([str(tmp_path / "merged.json"), *map(str, shards)]) == 2
     err = capsys.readouterr().err
     assert err == (f"mlp-loadbench merge: {shards[1]}: settings differ from {shards[0]}'s: "
-                   "epochs 8 vs 40, profile 'smoke' vs 'quick'\n")  # fmt: skip
+                   "epochs 8 vs 40, profile 'smoke' vs 'quick'\n")
     assert not (tmp_path / "merged.json").exists()
 
 
@@ -461,7 +461,7 @@ def test_pure_helpers() -> None:
 
 SETTINGS = {"profile": "quick", "epochs": 22, "dataset": "synthetic", "device": "cuda", "loop": "fast", "impl": "torch",
             "optimizer_impl": "torch", "precision": "fp32", "shard": None, "shard_durations": None, "plant": None,
-            "latency_pin": False}  # fmt: skip
+            "latency_pin": False}
 GPU = "NVIDIA H100 80GB HBM3"
 
 
@@ -476,11 +476,11 @@ def _record(case: str, slower: float) -> dict:
         "load": {"normalized": {"gpu_busy": 0.8, "sm_activity": None, "cpu_process": 0.05},
                  "unavailable": {"sm_activity": "GPM not supported on this GPU", "energy": "no NVML energy counter"}},
         "series_path": None,
-    }  # fmt: skip
+    }
 
 
 def _synthetic(folder: Path, n: int, slower: float = 1.0, commit: str | None = None, when: str | None = None,
-               **settings: object) -> Path:  # fmt: skip
+               **settings: object) -> Path:
     """Run number n (a day apart, commit c<n>... unless given) of CASE_IDS on GPU, with
     `settings` over SETTINGS and every epoch `slower` times STEADY."""
     run = {
@@ -489,7 +489,7 @@ def _synthetic(folder: Path, n: int, slower: float = 1.0, commit: str | None = N
         "machine_info": {"loadbench": {"gpu": {"name": GPU}, "settings": SETTINGS | settings}},
         "benchmarks": [{"name": f"test_x[{case}]", "fullname": f"bench/test_experiments.py::test_x[{case}]",
                         "extra_info": _record(case, slower)} for case in sorted(CASE_IDS)],
-    }  # fmt: skip
+    }
     path = folder / f"{n:04d}_run.json"
     path.write_text(json.dumps(run))
     return path
@@ -511,7 +511,7 @@ def _gate(paths: list[Path], budgets: Path) -> dict[str, list[str]]:
         info = now["extra_info"]
         budget = Budgets.load(budgets).resolve("quick", info["experiment"], info["case"])
         failures = check_against(budget=budget, current=info, baseline=saved["extra_info"],
-                                 history=case_history(history, saved["fullname"]))  # fmt: skip
+                                 history=case_history(history, saved["fullname"]))
         out[info["case"]] = [f.message for f in failures]
     return out
 
@@ -555,7 +555,7 @@ def test_an_unplanted_run_is_judged_against_the_unplanted_run_before_the_planted
 
 def test_planted_runs_are_judged_against_runs_planted_alike(tmp_path) -> None:
     paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1, slower=2.5, plant="150%:host"), _synthetic(tmp_path, 2),
-             _synthetic(tmp_path, 3, slower=2.5, plant="150%:host")]  # fmt: skip
+             _synthetic(tmp_path, 3, slower=2.5, plant="150%:host")]
     build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
     assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "ok")
     assert "Judged against c0000001 2999-01-02 10:00:00, planted +150% (host), the newest" in (tmp_path / "out" / "summary.md").read_text()
@@ -605,7 +605,7 @@ def test_a_case_left_out_of_the_run_before_is_judged_against_the_newest_run_hold
 def test_reruns_of_one_commit_get_distinct_labels(tmp_path) -> None:
     commit = "abcdef12" + "0" * 32
     paths = [_synthetic(tmp_path, n, commit=commit, when=when) for n, when in
-             enumerate(["2999-01-01T10:00:05", "2999-01-01T10:00:41", "2999-01-01T10:00:41"])]  # fmt: skip
+             enumerate(["2999-01-01T10:00:05", "2999-01-01T10:00:41", "2999-01-01T10:00:41"])]
     build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
     runs, _ = load_runs(paths)
     labels = run_labels(runs)
@@ -623,7 +623,7 @@ def test_tables_say_what_n_a_and_time_mean(tmp_path) -> None:
     tables = _tables(tmp_path)
     assert "| n/a " in tables  # SM activity and energy were not measured
     assert ("n/a: not measured on this machine (sm_activity: GPM not supported on this GPU; energy: no NVML energy "
-            "counter), or not recorded by this run.") in tables  # fmt: skip
+            "counter), or not recorded by this run.") in tables
     assert "Time(s) is the whole training of the case (its last timed round, where the profile times several): " \
            "every epoch, the first included" in tables
 

@@ -196,7 +196,7 @@ def test_serving_commits_join_a_matrix_served_at_several_commits(tmp_path, capsy
 
     files = [run_file("a.json", "aaaa111", "2026-01-01T00:00:00", "units-512"),
              run_file("b.json", "bbbb222", "2026-01-02T00:00:00", "act-silu"),
-             run_file("c.json", "cccc333", "2026-01-03T00:00:00", "batch-64")]  # fmt: skip
+             run_file("c.json", "cccc333", "2026-01-03T00:00:00", "batch-64")]
     out = tmp_path / "r"
     assert report_main([*map(str, files), "--out", str(out), "--serving-commits", "aaaa,bbbb222cafe"]) == 0
     table = (out / "serving.md").read_text()

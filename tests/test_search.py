@@ -128,7 +128,7 @@ def test_presets_come_first_and_the_comparison_names_the_objective(tmp_path, tin
 
 def _row(number: int, preset: str | None, latency: float, energy: float, front: bool) -> dict[str, Any]:
     return {"number": number, "label": preset or f"searched-{number}", "preset": preset, "state": "complete",
-            "feasible": True, "on_front": front, "values": {"p99_latency_s": latency, "energy_j_per_1k": energy}}  # fmt: skip
+            "feasible": True, "on_front": front, "values": {"p99_latency_s": latency, "energy_j_per_1k": energy}}
 
 
 @pytest.mark.parametrize(
@@ -138,28 +138,28 @@ def _row(number: int, preset: str | None, latency: float, energy: float, front: 
 )
 def test_the_front_beats_a_preset_only_beyond_the_margin(front_latency, beats, level) -> None:
     rows = [_row(0, "fp32", 28.61e-6, 0.0157, True), _row(1, "bf16", 46e-6, 0.0025, True),
-            _row(2, None, front_latency, 0.0174, True)]  # fmt: skip
+            _row(2, None, front_latency, 0.0174, True)]
     comparison = compare(rows, ["p99_latency_s", "energy_j_per_1k"])
     latency = comparison["objectives"]["p99_latency_s"]
     assert latency["front_beats_every_preset"] is beats and latency["front_ahead_within_margin"] is level
     assert comparison["beats_every_preset_on"] == (["p99_latency_s"] if beats else []) and comparison["margin"] == 0.05
     objectives = [{"key": "p99_latency_s", "label": "batch-1 p99 latency", "unit": "µs", "scale": 1e6},
-                  {"key": "energy_j_per_1k", "label": "energy", "unit": "J", "scale": 1.0}]  # fmt: skip
+                  {"key": "energy_j_per_1k", "label": "energy", "unit": "J", "scale": 1.0}]
     said = verdict({"comparison": comparison, "objectives": objectives})
     if beats:
         assert said == ("The front beats every single preset by more than 5% on batch-1 p99 latency: 20 µs "
-                        "(trial 2, searched-2) against the best preset's 28.61 µs (fp32).")  # fmt: skip
+                        "(trial 2, searched-2) against the best preset's 28.61 µs (fp32).")
     else:
         assert said.startswith("The front beats no preset by more than 5% on any objective")
     assert ("Level with the best preset on batch-1 p99 latency: 28.5 µs (trial 2, searched-2) against the best "
-            "preset's 28.61 µs (fp32): ahead by less than 5%" in said) is level  # fmt: skip
+            "preset's 28.61 µs (fp32): ahead by less than 5%" in said) is level
 
 
 def test_the_sampler_seed_makes_the_search_repeatable(tmp_path, tiny) -> None:
     fakes = [Fake(), Fake()]
     for i, fake in enumerate(fakes):
         main(["--device", "cpu", "--out", str(tmp_path / str(i)), "--seed", "5", "--trials", "12", "--space", str(tiny)],
-             evaluator=fake)  # fmt: skip
+             evaluator=fake)
     assert fakes[0].calls == fakes[1].calls
 
 
@@ -339,7 +339,7 @@ def test_energy_is_the_second_objective_where_measured_and_its_absence_fails_the
 
     settings = SearchSettings(study_name="e", storage=f"sqlite:///{tmp_path / 'e.db'}", trials=3,
                               objectives=(LATENCY, ENERGY), objectives_note=None,
-                              space=Space(weights=("fp32", "bf16", "int8-dynamic"), sparsity=("dense",)))  # fmt: skip
+                              space=Space(weights=("fp32", "bf16", "int8-dynamic"), sparsity=("dense",)))
     lines: list[str] = []
     outcome = run_search(settings, fake, {k: VARIANTS[k] for k in ("fp32", "bf16", "int8-dynamic")}, log=lines.append)
     trials = {t.user_attrs["preset"]: t for t in outcome.study.trials}
@@ -366,7 +366,7 @@ def test_train_space_measures_the_reference_once_and_judges_drops_against_it(tmp
     (["--timeout", "-3"], "the timeout must be a positive number"),
     (["--sampler", "grid"], "invalid choice: 'grid'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
-])  # fmt: skip
+])
 def test_bad_options_stop_with_one_message(tmp_path, capsys, args, message) -> None:
     with pytest.raises(SystemExit) as exc:
         search(tmp_path, *args)
@@ -377,7 +377,7 @@ def test_bad_options_stop_with_one_message(tmp_path, capsys, args, message) -> N
     ("nonsense", "not a database URL"),
     ("sqlite:////no/such/folder/x.db", "cannot open the database"),
     ("nosuchdb://host/x", "cannot open the database"),
-])  # fmt: skip
+])
 def test_a_bad_storage_url_stops_with_one_message(tmp_path, capsys, url, message) -> None:
     assert search(tmp_path, "--storage", url) == 2
     err = capsys.readouterr().err.strip()
@@ -397,7 +397,7 @@ def test_a_bad_storage_url_stops_with_one_message(tmp_path, capsys, url, message
     ('[train]\nactivation = ["gelu"]', "'gelu' is not one of relu"),
     ('[train]\nheads = [1, 2]', "train: unknown key(s) heads"),
     ('weights = ["fp32"', "not valid TOML"),
-])  # fmt: skip
+])
 def test_a_bad_space_stops_with_one_message_naming_the_key(tmp_path, capsys, text, message) -> None:
     path = tmp_path / "space.toml"
     path.write_text(text)
@@ -457,7 +457,7 @@ def test_presets_map_onto_the_space_or_say_why_not() -> None:
     space, base = Space(), TrainConfig()
     assert preset_params(VARIANTS["sparse-2:4"], space, base, False) == {"sparsity": "2:4", "weights_2:4": "bf16", "finetune_epochs": 4}
     assert preset_params(VARIANTS["prune-75"], space, base, False) == {"sparsity": "unstructured", "weights": "fp32",
-                                                                       "prune_fraction": 0.75, "finetune_epochs": 4}  # fmt: skip
+                                                                       "prune_fraction": 0.75, "finetune_epochs": 4}
     narrow = Space(weights=("bf16",))
     assert preset_params(VARIANTS["fp32"], narrow, base, False) == "weights fp32 are not in the space"
     assert load_space(None) == Space()
@@ -480,7 +480,7 @@ def test_the_real_objective_on_the_smoke_profile(tmp_path) -> None:
         [sys.executable, "-m", "bench.search", "--trials", "2", "--profile", "smoke", "--device", "cpu",
          "--space", str(space), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "models")],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "search.json").read_text())
     assert summary["counts"]["complete"] == 2

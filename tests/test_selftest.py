@@ -32,7 +32,7 @@ from bench.tools.selftest import suggest_pct
 
 GPU = "NVIDIA H100 80GB HBM3"
 SETTINGS = {"profile": "quick", "epochs": 8, "dataset": "synthetic", "device": "cuda", "loop": "graph",
-            "impl": "torch", "precision": "fp32", "shard": None, "plant": None}  # fmt: skip
+            "impl": "torch", "precision": "fp32", "shard": None, "plant": None}
 BUDGETS = """\
 [defaults]
 time_slower_pct = 2
@@ -285,7 +285,7 @@ def test_a_killed_runs_partial_file_is_passed_over(tmp_path) -> None:
     ],
     ids=["empty", "no-aa", "one-aa", "corrupt", "foreign", "bad-name", "same-number", "other-gpu", "other-settings",
          "wrong-plant", "planted-aa"],
-)  # fmt: skip
+)
 def test_unusable_runs_are_one_clear_line_and_exit_2(tmp_path, capsys, files, message) -> None:
     folder = write_runs(tmp_path / "runs", files)
     assert main(["--from", str(folder)]) == 2
@@ -431,7 +431,7 @@ def test_bad_running_options_are_usage_errors(capsys, option, values) -> None:
     ("gpus", "count", "line"),
     [("0", 0, "--gpus 0: no GPU on this machine (NVML finds none); leave --gpus out to run one run at a time"),
      ("0,1,2", 2, "--gpus 0,1,2: this machine has 2 GPU(s), indices 0 to 1; no GPU 2")],
-)  # fmt: skip
+)
 def test_gpus_that_are_not_there_are_refused_before_any_run(tmp_path, monkeypatch, capsys, gpus, count, line) -> None:
     ran: list[str] = []
     monkeypatch.setattr(selftest, "visible_gpus", lambda: count)
@@ -469,7 +469,7 @@ def test_a_pytest_usage_error_stops_with_the_run_and_command(tmp_path, capsys, m
 
 
 @pytest.mark.parametrize(("code", "writes", "counts"), [(0, True, True), (1, True, True), (1, False, False),
-                                                     (2, True, False), (4, False, False)])  # fmt: skip
+                                                     (2, True, False), (4, False, False)])
 def test_a_run_counts_when_pytest_ran_its_cases_and_wrote_the_json(tmp_path, code, writes, counts) -> None:
     """Exit 1 is a case that broke its own budgets: its record is in the JSON all the same."""
     out_json = tmp_path / "aa-01.json"
@@ -506,14 +506,14 @@ def test_real_campaign_on_a_tiny_case(tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "budgets.toml").write_text("[defaults]\ntime_slower_pct = 10\n")  # no floors
     code = main(["-k", "small", "--runs", "2", "--plant", "50", "--path", "test_cases.py", "--out", "st",
                  "--budgets", "budgets.toml", "--", "--device=cpu", "--profile=smoke", "--epochs=3",
-                 f"--dataset={csv}", "--budgets=budgets.toml"])  # fmt: skip
+                 f"--dataset={csv}", "--budgets=budgets.toml"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     out = tmp_path / "st"
     names = ["aa-01", "aa-02", "plant50-01", "plant50-02"]
     assert all((out / f"{n}.json").is_file() and (out / f"{n}.log").is_file() for n in names)
     assert [line.split(":")[0] for line in printed.splitlines() if line.startswith("[")] == \
-        [f"[{i}/4] {n}" for i, n in enumerate(names, 1)]  # fmt: skip
+        [f"[{i}/4] {n}" for i, n in enumerate(names, 1)]
     planted = json.loads((out / "plant50-01.json").read_text())
     assert planted["machine_info"]["loadbench"]["settings"]["plant"] == "50%:host"
     assert planted["benchmarks"][0]["extra_info"]["planted_slowdown"] == "50%:host"

@@ -51,7 +51,7 @@ def test_durations_come_from_the_summed_rounds_of_a_run() -> None:
         {"fullname": "bench/t.py::test_a[x]", "stats": {"total": 12.5, "mean": 6.25, "rounds": 2}},
         {"fullname": "bench/t.py::test_b", "stats": {"mean": 3.0, "rounds": 1}},
         {"fullname": "bench/t.py::test_c", "stats": {}},
-    ]}  # fmt: skip
+    ]}
     assert durations_of(run) == {"bench/t.py::test_a[x]": 12.5, "bench/t.py::test_b": 3.0}
 
 

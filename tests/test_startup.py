@@ -50,7 +50,7 @@ BAD = [  # (command-line arguments, environment, the one line after 'ERROR: ', a
     (["--series-dir", "a-file"], {}, "--series-dir a-file: is a file; give a directory", False),
     (["--series-dir", "a-file/sub"], {}, "--series-dir a-file/sub: a-file is a file, not a directory", False),
     (["--budgets", "."], {}, ".: is a directory; give the budgets TOML file", False),
-]  # fmt: skip
+]
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
 def test_bad_input_is_one_line_and_a_usage_error(
     suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
     args: list[str], environ: dict[str, str], line: str, stored: bool,
-) -> None:  # fmt: skip
+) -> None:
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     if stored:
@@ -124,7 +124,7 @@ def test_a_folder_is_made_or_named_as_the_problem(tmp_path: Path) -> None:
 
 def test_valid_variables_read_as_before() -> None:
     environ = {"LOADBENCH_TUNE": "always", "LOADBENCH_TUNE_THREADS": "4", "LOADBENCH_COMPILE_PROCESSES": "0",
-               "LOADBENCH_DP_GRAPH": " True ", "LOADBENCH_DP_BUCKET_MB": "0.5", "LOADBENCH_FUSED_FORWARD": "0"}  # fmt: skip
+               "LOADBENCH_DP_GRAPH": " True ", "LOADBENCH_DP_BUCKET_MB": "0.5", "LOADBENCH_FUSED_FORWARD": "0"}
     assert env.validate_all(environ) is None
     assert [env.read(name, environ) for name in environ] == ["always", 4, 0, True, 0.5, "0"]
     assert [env.read(name, {}) for name in environ] == ["cache", 8, None, True, 1.0, "1"]  # the defaults
@@ -153,10 +153,10 @@ def test_a_baseline_with_other_epochs_is_named_in_one_short_line(suite: pytest.P
     machine_info = pytest_benchmark_generate_machine_info()
     machine_info["loadbench"] = {"gpu": None, "settings": {"profile": "smoke", "epochs": 8, "dataset": "synthetic"}}
     stored = {"machine_info": machine_info, "commit_info": {"id": "abc"}, "datetime": "2026-01-01T00:00:00",
-              "version": "5.2.3", "benchmarks": []}  # fmt: skip
+              "version": "5.2.3", "benchmarks": []}
     (suite.path / "baseline.json").write_text(json.dumps(stored))
     result = suite.runpytest_subprocess("--collect-only", "-q", "--profile=smoke", "--epochs=2",
-                                        "--benchmark-compare=baseline.json")  # fmt: skip
+                                        "--benchmark-compare=baseline.json")
     said = result.stdout.lines + result.stderr.lines
     assert result.ret == pytest.ExitCode.OK
     assert "Benchmark machine_info is different" not in "\n".join(said)

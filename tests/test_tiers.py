@@ -63,7 +63,7 @@ def test_shards_are_dealt_from_the_cases_k_selected(suite: pytest.Pytester) -> N
 
 def collected(*args: str) -> list[str]:
     done = subprocess.run([sys.executable, "-m", "pytest", "bench/", "--collect-only", "-q", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return [line for line in done.stdout.splitlines() if "::" in line]
 

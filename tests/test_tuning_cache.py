@@ -631,7 +631,7 @@ def test_bench_cells_tune_only_reports_the_tuning_phase_and_no_cells(tmp_path, c
 
     out = tmp_path / "cells.json"
     argv = ["--device", "cpu", "--tune-only", "--batches", "64", "--widths", "128", "--precisions", "fp32",
-            "--activations", "--cache-dir", str(tmp_path / "cache"), "--json", str(out)]  # fmt: skip
+            "--activations", "--cache-dir", str(tmp_path / "cache"), "--json", str(out)]
     assert bench_cells.main(argv) == 0
     result = json.loads(out.read_text())
     # the experiments vary one axis around the centre: batch 64 at width 512, width 128 at batch 512
@@ -742,7 +742,7 @@ def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_pat
     measured = {
         key(kernel, *shape): {"config": cublas, "ms": 0.010, "finalists": [cublas, CONFIG, fused], "finalists_ms": [0.010, 0.012, 0.013]}
         for kernel, *shape in launch_plan.kernel_shapes(M, N, K)
-    }  # fmt: skip
+    }
     path = tmp_path / "table.json"
     write_table(str(path), "cpu", measured)
     written = json.loads(path.read_text())

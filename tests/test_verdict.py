@@ -100,7 +100,7 @@ latency_p99_us_max = 60
         ("[inference.variants.prune-90]\naccuracy_drop_growth_max = 2\n", "must be between 0 and 1"),
         ('[inference.cases."blocks-3".variants.fp32]\nlatency_p99_us_max = 60\n', "floor or ceiling"),
     ],
-)  # fmt: skip
+)
 def test_a_mistyped_serving_budget_is_named(tmp_path, text, message) -> None:
     with pytest.raises(BudgetError, match=message):
         write(tmp_path, text)
@@ -173,7 +173,7 @@ def test_the_verdict_and_the_summary_say_why_floors_were_not_judged() -> None:
     assert verdict.reason == f"no baseline: budgets only; accuracy and F1 floors not judged: {SKIPPED}"
     entries = [{"case": Case.parse("units-256"), "floors_skipped": SKIPPED},
                {"case": Case.parse("units-128"), "floors_skipped": SKIPPED},
-               {"case": Case.parse("loop-reference"), "floors_skipped": None}]  # fmt: skip
+               {"case": Case.parse("loop-reference"), "floors_skipped": None}]
     assert floors_lines(entries) == ["", f"floors: accuracy and F1 floors not judged for 2 case(s): {SKIPPED}; "
-                                         "load ceilings and limits against a baseline still judged"]  # fmt: skip
+                                         "load ceilings and limits against a baseline still judged"]
     assert floors_lines(entries[2:]) == []

@@ -24,7 +24,7 @@ MAIN_PUSH = ("github.event_name == 'push'", "github.ref == 'refs/heads/main'")
 # What stores a run as main's history: pytest-benchmark's saves, the CI command's storing
 # modes, a push to the data branch.
 SAVES_BASELINE = ("--benchmark-save", "--benchmark-autosave", "bench.tools.ci main", "bench.tools.ci nightly",
-                  "databranch push")  # fmt: skip
+                  "databranch push")
 SCHEDULED_ONLY = {"schedule", "workflow_dispatch"}  # events that run the default branch's code only
 
 
@@ -158,7 +158,7 @@ def test_workflow_files_are_valid() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, workflows)],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -168,7 +168,7 @@ def test_a_broken_workflow_is_caught(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(broken)],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert result.returncode != 0 and "runs-on" in result.stdout
 
 
@@ -195,7 +195,7 @@ def test_gpu_bench_saves_a_baseline_somewhere() -> None:
 def test_the_gpu_jobs_only_call_the_ci_command() -> None:
     """The workflows hold no gate logic: each bench step is one `python -m bench.tools.ci` call."""
     runs = {name: " ".join(str(s.get("run", "")) for s in job["steps"])
-            for name, job in load("gpu-bench.yml")["jobs"].items()}  # fmt: skip
+            for name, job in load("gpu-bench.yml")["jobs"].items()}
     assert "bench.tools.ci pr" in runs["bench"] and "pytest" not in runs["bench"]
     assert "bench.tools.ci main" in runs["bench-main"] and "pytest" not in runs["bench-main"]
     nightly = " ".join(str(s.get("run", "")) for s in load("nightly.yml")["jobs"]["nightly"]["steps"])

@@ -29,7 +29,7 @@ def parse_epochs(value: str) -> int:
     epochs = parse_positive_int(value)
     if epochs < 2:
         raise argparse.ArgumentTypeError(f"{value!r}: the first epoch is the warm-up (compilation, graph capture), "
-                                         "so at least 2 are needed for one timed epoch")  # fmt: skip
+                                         "so at least 2 are needed for one timed epoch")
     return epochs
 
 

@@ -230,7 +230,7 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                 fail(where, f"{key} = {value!r} must be between {low:g} and {high:g}")
             if key in dataset_keys and not in_dataset:
                 fail(where, f"{key} is a floor or ceiling, which holds for one dataset: set it under "
-                            f"[datasets.synthetic.{where}] (the embedded data) or [datasets.\"FILE.csv\".{where}]")  # fmt: skip
+                            f"[datasets.synthetic.{where}] (the embedded data) or [datasets.\"FILE.csv\".{where}]")
 
     def check_variants(where: str, table: object, in_dataset: bool) -> None:
         if not isinstance(table, dict):
@@ -260,7 +260,7 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                     check_limits(f"{where}.{name}.{_bare(key)}", limits, in_dataset, serving=True)
             else:
                 fail(f"{where}.{_bare(name)}", f"unknown table {name!r}{hint(name, ('defaults', 'variants', 'cases'))}; "
-                                               "expected one of defaults, variants, cases")  # fmt: skip
+                                               "expected one of defaults, variants, cases")
 
     def check_scope(prefix: str, scope: dict[str, Any], allow_profiles: bool, in_dataset: bool) -> None:
         for name, table in scope.items():
@@ -375,15 +375,15 @@ def check_inference(budget: InferenceBudget, record: dict[str, Any]) -> list[Fai
     drop = record.get("accuracy_drop")
     if not budget.trade_off and budget.accuracy_drop_vs_fp32_max is not None and drop is not None and drop > budget.accuracy_drop_vs_fp32_max:
         out.append(Failure("accuracy_drop_vs_fp32", drop, budget.accuracy_drop_vs_fp32_max, None,
-                           f"accuracy {record.get('accuracy', float('nan')):.4f} against the fp32 model's"))  # fmt: skip
+                           f"accuracy {record.get('accuracy', float('nan')):.4f} against the fp32 model's"))
     p99, what = judged_p99(record)
     if budget.latency_p99_us_max is not None and p99 is not None and p99 * 1e6 > budget.latency_p99_us_max:
         out.append(Failure("latency_p99_us", p99 * 1e6, budget.latency_p99_us_max, None,
-                           f"batch-1 {what} ({record.get('latency_mode')}) above its ceiling"))  # fmt: skip
+                           f"batch-1 {what} ({record.get('latency_mode')}) above its ceiling"))
     throughput = (record.get("throughput") or {}).get("4096")
     if budget.throughput_4096_min is not None and throughput is not None and throughput < budget.throughput_4096_min:
         out.append(Failure("throughput_4096", throughput, budget.throughput_4096_min, None,
-                           "samples/s at batch 4096 below its floor"))  # fmt: skip
+                           "samples/s at batch 4096 below its floor"))
     return out
 
 
@@ -397,4 +397,4 @@ def check_drop_growth(budget: InferenceBudget, record: dict[str, Any], baseline:
     if drop - then <= limit:
         return []
     return [Failure("accuracy_drop_growth", drop - then, limit, then,
-                    f"drop against the fp32 model {drop:.4f} now, {then:.4f} in the baseline")]  # fmt: skip
+                    f"drop against the fp32 model {drop:.4f} now, {then:.4f} in the baseline")]

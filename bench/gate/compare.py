@@ -126,7 +126,7 @@ def explain(failure: Failure, current: dict[str, Any], baseline: dict[str, Any],
         return failure
     try:
         lines = describe(diff(KernelTable.from_dict(current["kernel_trace"]),
-                              KernelTable.from_dict(baseline["kernel_trace"]), top=top))  # fmt: skip
+                              KernelTable.from_dict(baseline["kernel_trace"]), top=top))
     except ValueError as exc:
         lines = [f"kernel traces not compared: {exc}"]
     grown = "\n    kernels that grew most:\n      " + "\n      ".join(lines) if lines else "; no kernel grew"

@@ -88,5 +88,5 @@ def judge(
                 found = check_against(budget, record, then, history=stored)  # type: ignore[arg-type]
                 baseline_failures = [explain(f, record, then) for f in found]
     verdict = decide(budget_failures, baseline_failures, baseline=baseline if then is not None else None,
-                     gating=gating, reason=reason, noise=noise, floors_skipped=floors_skipped)  # fmt: skip
+                     gating=gating, reason=reason, noise=noise, floors_skipped=floors_skipped)
     return Judgement(verdict, noise, floors_skipped, time_gate)

@@ -112,7 +112,7 @@ class KernelTable:
                 self.device, self.epochs, self.rows[:MAX_ROWS],
                 KernelRow("other", round(calls, 3), round(us, 2)),
                 self.folded_ids | {name_id(r.name) for r in extra},
-            )  # fmt: skip
+            )
         return {
             "version": FORMAT_VERSION,
             "device": table.device,

@@ -23,7 +23,7 @@ from bench.gate.record import UNVERSIONED_FORMAT
 
 # What must match for a stored run to count in a case's noise history.
 HISTORY_SETTINGS = ("profile", "epochs", "dataset", "loop", "impl", "optimizer_impl", "precision", "plant",
-                    "latency_pin")  # fmt: skip
+                    "latency_pin")
 # What a run made before a setting existed measured: its value then.
 SETTING_DEFAULTS: dict[str, Any] = {"latency_pin": False}
 MAX_HISTORY = 10  # newest stored runs used for the noise estimate
@@ -110,7 +110,7 @@ def machine_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | No
     first[f"{RECORD_KEY}.gpu.name"] = -1
     differ.sort(key=lambda key: (first.get(key, len(first)), key))
     settings = [f"{key[len(prefix):]} {shown(mine.get(key))} vs {shown(saved.get(key))}"
-                for key in differ if key.startswith(prefix)]  # fmt: skip
+                for key in differ if key.startswith(prefix)]
     others = [key for key in differ if not key.startswith(prefix)]
     # Fewer other keys first, then fewer settings, until the line fits.
     counts = [(len(settings), n) for n in range(len(others), 0, -1)] or [(len(settings), 0)]
@@ -140,7 +140,7 @@ def comparable(run: dict[str, Any], baseline_run: dict[str, Any]) -> bool:
     return same_measurement(
         gpu_name(run["machine_info"]), run["machine_info"][RECORD_KEY].get("settings", {}),
         gpu_name(baseline_run["machine_info"]), baseline_run["machine_info"][RECORD_KEY].get("settings", {}),
-    )  # fmt: skip
+    )
 
 
 def load_history(baseline_path: Path, baseline_run: dict[str, Any], candidates: Sequence[Path]) -> list[dict[str, Any]]:
@@ -189,7 +189,7 @@ class Run:
         """Benchmarks that are training cases (they carry a case id and metrics), in the
         study's order whatever order the run file holds."""
         cases = [b for b in self.benchmarks if "case" in b.get("extra_info", {}) and "accuracy" in b["extra_info"]
-                 and not is_inference(b["extra_info"])]  # fmt: skip
+                 and not is_inference(b["extra_info"])]
         return sorted(cases, key=lambda b: study_order(b["extra_info"]["case"]))
 
     def inference_records(self) -> list[dict[str, Any]]:

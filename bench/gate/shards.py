@@ -43,7 +43,7 @@ def unit_of(node_id: str, params: Mapping[str, Any]) -> str:
 def assign(
     node_ids: Sequence[str], count: int, durations: Mapping[str, float] | None = None,
     units: Mapping[str, str] | None = None,
-) -> list[list[str]]:  # fmt: skip
+) -> list[list[str]]:
     """The node ids of each of `count` shards; `units` maps a node id to its unit
     (`unit_of`; a node id it does not name is a unit of its own)."""
     ordered = sorted(node_ids)

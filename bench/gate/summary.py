@@ -46,7 +46,7 @@ def row(entry: dict[str, Any]) -> list[str]:
         broke = failed_metrics(entry["failures"])  # '!' marks what broke a limit, not every worse digit
         cells.append(" ".join(
             f"{name.split('_')[0]} {change:+.1%}{'!' if name in broke else ''}" for name, (change, _) in entry["deltas"].items()
-        ))  # fmt: skip
+        ))
     else:
         cells.append("")
     cells.append("FAILED: " + ", ".join(f.metric for f in entry["failures"]) if entry["failures"] else "ok")
@@ -84,7 +84,7 @@ def floors_lines(entries: list[dict[str, Any]]) -> list[str]:
         return []
     reasons = "; ".join(dict.fromkeys(why for _, why in skipped))
     return ["", f"floors: accuracy and F1 floors not judged for {len(skipped)} case(s): {reasons}; "
-                "load ceilings and limits against a baseline still judged"]  # fmt: skip
+                "load ceilings and limits against a baseline still judged"]
 
 
 def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -> list[str]:

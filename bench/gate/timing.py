@@ -105,9 +105,9 @@ class SlowdownRule:
             return budget
         if isinstance(budget, InferenceBudget):
             return cls(budget.latency_slower_pct, budget.latency_noise_k, budget.latency_noise_unknown_pct,
-                       budget.latency_alpha)  # fmt: skip
+                       budget.latency_alpha)
         return cls(budget.time_slower_pct, budget.time_noise_k, budget.time_noise_unknown_pct, budget.time_alpha,
-                   budget.time_hard_ratio)  # fmt: skip
+                   budget.time_hard_ratio)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def time_limit(budget: Budget | InferenceBudget | SlowdownRule, noise: Noise) ->
 def check_slowdown(
     rule: SlowdownRule, timed: Timed, current: dict[str, Any], baseline: dict[str, Any], *,
     history: Sequence[dict[str, Any]] = (),
-) -> list[Failure]:  # fmt: skip
+) -> list[Failure]:
     """The one time rule, for epoch times and latencies alike: a Failure when the figure's
     ratio to the baseline's passes the hard ratio, or passes the larger of slower_pct and
     k x the run-to-run spread (`history`, stored records of the case with the baseline
@@ -191,11 +191,11 @@ def _median_epoch(extra_info: dict[str, Any]) -> float | None:
 EPOCH_TIME = Timed(
     "epoch_time_ratio", time_samples, round_medians, _median_epoch, "epochs",
     lambda record, now, then: f"median epoch {now:.4g} s vs {then:.4g} s",
-)  # fmt: skip
+)
 LATENCY = Timed(
     "latency_p99_ratio", latency_rounds, latency_rounds, lambda record: record.get("latency_p99_s"), "rounds' p99",
     lambda record, now, then: f"batch-1 p99 {now * 1e6:.4g} us vs {then * 1e6:.4g} us ({record.get('latency_mode')})",
-)  # fmt: skip
+)
 
 
 def check_time(

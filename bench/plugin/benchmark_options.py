@@ -29,9 +29,9 @@ REFUSED = {
                           "timed and recorded apart as first_epoch_s",
     "--benchmark-warmup-iterations": "the first epoch of every case is its warm-up round, recorded apart as "
                                      "first_epoch_s",
-}  # fmt: skip
+}
 NO_FILE_STORAGE = ("the time gate reads its baselines and history from pytest-benchmark's file storage; "
-                   "use --benchmark-storage=file://PATH (or a folder path)")  # fmt: skip
+                   "use --benchmark-storage=file://PATH (or a folder path)")
 
 
 def given(config: pytest.Config, flag: str) -> bool:

@@ -117,7 +117,7 @@ class LoadBench:
             after_round()
             return done["result"], list(trainer.epoch_seconds[: config.epochs])
         self.benchmark.pedantic(trainer.run_epoch, args=(progress,), rounds=config.epochs - 1, warmup_rounds=0,
-                                iterations=1, teardown=after_round)  # fmt: skip
+                                iterations=1, teardown=after_round)
         return done["result"], [first, *self.benchmark.stats.stats.data[: config.epochs - 1]]
 
     def _progress(self, case: Case, config: TrainConfig, monitor: LoadMonitor) -> Any:
@@ -214,7 +214,7 @@ class LoadBench:
             reason=baseline.reason if baseline is not None else session.no_baseline_reason,
             # --epochs: the run's own count, not a case's override (a case that trains fewer on a CPU has floors for that)
             profile=options.profile.name, epochs=options.epochs,
-        )  # fmt: skip
+        )
         if judged.time_gate is not None:  # how this case's time was judged, for the record and the report
             record["time_gate"] = judged.time_gate
             self.benchmark.extra_info["time_gate"] = judged.time_gate
@@ -224,7 +224,7 @@ class LoadBench:
         session.records.append({
             "case": case, "record": record, "failures": failures, "noise": judged.noise,
             "deltas": deltas(record, then) if then is not None else None, "floors_skipped": judged.floors_skipped,
-        })  # fmt: skip
+        })
         if failures:
             lines = "\n".join(f"  {f.message}" for f in failures)
             pytest.fail(f"{case.id}: {len(failures)} budget(s) broken\n{lines}", pytrace=False)

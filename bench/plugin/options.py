@@ -70,7 +70,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--impl", choices=IMPLS, default="torch", help="layer implementation. Default: %(default)r")
     group.addoption("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="torch",
                     help="torch: torch.optim and F.cross_entropy; triton: one optimizer kernel over a flat "
-                         "parameter buffer and one loss kernel per step. Default: %(default)r")  # fmt: skip
+                         "parameter buffer and one loss kernel per step. Default: %(default)r")
     group.addoption("--precision", choices=PRECISIONS, default="fp32",
                     help="fp32 (strict, TF32 off), tf32 or bf16. Default: %(default)r")
     group.addoption("--dataset", default="synthetic", metavar="synthetic|PATH.csv",
@@ -95,14 +95,14 @@ def add_options(parser: pytest.Parser) -> None:
                          "a time regression against a traced baseline names the kernels that grew")
     group.addoption("--latency-pin", choices=("off", "on"), default="off",
                     help="on: hold the thread that times batch-1 serving latency on one CPU while it "
-                         "times (Linux); recorded in the run's settings. Default: %(default)r")  # fmt: skip
+                         "times (Linux); recorded in the run's settings. Default: %(default)r")
     group.addoption("--tier", choices=TIERS, default="pr",
                     help="pr: the pull-request gate (the five experiments, the loops, the kernel cells that tell "
                          "the kernel's story, the optimal configuration served); nightly: every case, cases marked "
-                         "nightly too (the whole serving matrix, data parallel, every kernel cell). Default: %(default)r")  # fmt: skip
+                         "nightly too (the whole serving matrix, data parallel, every kernel cell). Default: %(default)r")
     group.addoption("--plant-slowdown", type=parse_plant, default=None, metavar="PCT[:host|gpu]",
                     help="make every timed epoch PCT%% slower (host sleep or GPU spin): tests the time gate; "
-                         "recorded in the run's settings")  # fmt: skip
+                         "recorded in the run's settings")
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ class PartialRun:
         except Exception as exc:  # a full disk, a hook of another plugin: the run itself goes on
             self.broken = True
             warnings.warn(pytest.PytestWarning(f"mlp-loadbench: cannot keep the run so far in {path}: "
-                                               f"{type(exc).__name__}: {exc}"), stacklevel=1)  # fmt: skip
+                                               f"{type(exc).__name__}: {exc}"), stacklevel=1)
             return None
 
     def _write(self, path: Path, finished: list[Any]) -> Path:
@@ -94,7 +94,7 @@ class PartialRun:
             self.infos = (self.session.get_machine_info(), commit_info)
         machine_info, commit_info = self.infos
         output = hook.pytest_benchmark_generate_json(config=self.config, benchmarks=finished, include_data=True,
-                                                     machine_info=machine_info, commit_info=commit_info)  # fmt: skip
+                                                     machine_info=machine_info, commit_info=commit_info)
         hook.pytest_benchmark_update_json(config=self.config, benchmarks=finished, output_json=output)
         write_atomic(path, safe_dumps(output, ensure_ascii=True, indent=4))  # as pytest-benchmark's save_json
         self.written = len(finished)

@@ -239,7 +239,7 @@ class LoadBenchSession:
             if baseline.gating:
                 baseline.gating = False
                 baseline.reason = (f"baseline ran {key}={setting(theirs, key)!r}, this run {key}={ours[key]!r}: "
-                                   "shown, not gated")  # fmt: skip
+                                   "shown, not gated")
         if not baseline.gating:
             self.baseline_messages.append(baseline.reason)
         self.baselines.append(baseline)
@@ -359,7 +359,7 @@ class LoadBenchSession:
         if self.interrupted_in is not None:
             terminalreporter.write_line(f"mlp-loadbench: interrupted: {saved}; left out {self.interrupted_in} (cut short)")
         failed = [name for name in self.unfinished if self.interrupted_in is None or not
-                  self.interrupted_in.endswith(name.rsplit("::", 1)[-1])]  # fmt: skip
+                  self.interrupted_in.endswith(name.rsplit("::", 1)[-1])]
         if failed:
             terminalreporter.write_line(
                 f"mlp-loadbench: left out of the saved run: {', '.join(failed)} (failed before its first timed round)"

@@ -83,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", choices=IMPLS, default="torch", help="serving implementation. Default: torch")
     p.add_argument("--latency-pin", choices=("off", "on"), default="off",
                    help="on: hold the thread that times batch-1 latency on one CPU while it times (Linux). "
-                        "Default: off")  # fmt: skip
+                        "Default: off")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Default: tpe")
     p.add_argument("--seed", type=int, default=0, help="sampler seed. Default: 0")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -145,12 +145,12 @@ def search(args: argparse.Namespace, evaluator: Evaluator | None) -> int:
                  "impl": args.impl,
                  # Only when on: a study stored before the option existed ran unpinned and resumes as one.
                  **({"latency_pin": True} if pin else {})},
-    )  # fmt: skip
+    )
     if note:
         print(f"search: {note}")
     if evaluator is None:
         evaluator = real_evaluator(load_data(args.dataset, profile.scale, device), device, profile.name,
-                                   args.cache_dir or default_cache_dir(), args.impl, pin)  # fmt: skip
+                                   args.cache_dir or default_cache_dir(), args.impl, pin)
     outcome = run_search(settings, evaluator, VARIANTS, log=lambda line: print(line, flush=True))
     summary = summarise(outcome.study, settings, outcome.skipped_presets)
     written = write_outputs(summary, args.out)

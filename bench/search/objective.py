@@ -105,7 +105,7 @@ def _number(value: Any) -> bool:
 
 
 def real_evaluator(data: Any, device: torch.device, profile: str, cache_dir: Path, impl: str,
-                   pin: bool = False) -> Evaluator:  # fmt: skip
+                   pin: bool = False) -> Evaluator:
     """model.inference.evaluate on one dataset and device: train (or load the cached
     model), compress, measure, with the NVML energy counter where there is one; `pin`
     holds the timing thread on one CPU for batch-1 latency (measure's `pin`).
@@ -117,6 +117,6 @@ def real_evaluator(data: Any, device: torch.device, profile: str, cache_dir: Pat
 
     def run(config: TrainConfig, compression: Compression) -> dict[str, Any]:
         return evaluate(config, compression, data, device, profile=profile, cache_dir=cache_dir, impl=impl,
-                        energy_mj=energy_mj, pin=pin)  # fmt: skip
+                        energy_mj=energy_mj, pin=pin)
 
     return run

@@ -73,7 +73,7 @@ def summarise(study: optuna.Study, settings: SearchSettings, skipped_presets: Ma
     keys = [o.key for o in settings.objectives]
     front = {t.number for t in study.best_trials if "repeat_of" not in t.user_attrs}  # a repeat is listed once
     rows = [trial_row(t, keys, settings.max_accuracy_drop, front) for t in study.trials
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]  # fmt: skip
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
     counts = {state: sum(r["state"] == state for r in rows) for state in ("complete", "pruned", "fail")}
     counts["repeats"] = sum(r["repeat_of"] is not None for r in rows)
     counts["explored"] = sum(r["explored"] for r in rows)
@@ -164,7 +164,7 @@ def verdict(summary: Mapping[str, Any]) -> str:
         o, c = objectives[key], comparison["objectives"][key]
         return (f"{o['label']}: {_fmt(c['best_front']['value'], o)} (trial {c['best_front']['number']}, "
                 f"{c['best_front']['label']}) against the best preset's {_fmt(c['best_preset']['value'], o)} "
-                f"({c['best_preset']['preset']})")  # fmt: skip
+                f"({c['best_preset']['preset']})")
 
     wins = [lead(k) for k in comparison["beats_every_preset_on"]]
     level = [lead(k) for k, c in comparison["objectives"].items() if c.get("front_ahead_within_margin")]
@@ -176,7 +176,7 @@ def verdict(summary: Mapping[str, Any]) -> str:
         return "No preset was measured and feasible here, so the front has nothing to be compared with."
     else:
         out.append(f"The front beats no preset by more than {margin:.0%} on any objective: the best points are "
-                   "presets, or level with them.")  # fmt: skip
+                   "presets, or level with them.")
     if level:
         out.append("Level with the best preset on " + "; ".join(level) + f": {within}.")
     return " ".join(out)
@@ -196,21 +196,21 @@ def markdown(summary: Mapping[str, Any]) -> str:
     lines = [f"# Search {summary['study']}: Pareto front", "", f"{context}; storage {summary['storage']}.", ""]
     lines.append(f"Minimising {' and '.join(o['label'] for o in objectives)} with the accuracy drop at most {limit:g}"
                  + (f" (against the base configuration's fp32 accuracy {summary['reference_accuracy']:.4f})"
-                    if summary["reference_accuracy"] is not None else "") + ".")  # fmt: skip
+                    if summary["reference_accuracy"] is not None else "") + ".")
     if summary["objectives_note"]:
         lines.append(f"Note: {summary['objectives_note']}.")
     counts = summary["counts"]
     lines += ["", f"{counts['complete']} trial(s) measured, {counts['pruned']} unsupported (pruned), "
               f"{counts['fail']} failed; {counts['repeats']} of them repeated an earlier trial's parameters "
               f"and took its answer, {counts['explored']} were drawn at random after a repeat; "
-              f"{counts['settings']} distinct settings.", ""]  # fmt: skip
+              f"{counts['settings']} distinct settings.", ""]
     headers = ["trial", "setting", "preset", *(f"{o['label']} ({o['unit']})" for o in objectives), "latency from",
-               "accuracy", "drop"]  # fmt: skip
+               "accuracy", "drop"]
 
     def table(numbers: list[int]) -> str:
         body = [[n, rows[n]["label"], rows[n]["preset"] or "", *(_num(rows[n]["values"], o) for o in objectives),
                  rows[n]["latency_kind"], _f(rows[n]["accuracy"]), _f(rows[n]["accuracy_drop"], "+.4f")]
-                for n in numbers]  # fmt: skip
+                for n in numbers]
         return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
     lines += ["## Front", "", table(summary["front"]) if summary["front"] else "No feasible trial: the front is empty.", ""]
@@ -248,7 +248,7 @@ def write_outputs(summary: Mapping[str, Any], out: Path) -> list[Path]:
     from bench.tools.figures import search_figure
 
     written = [write_atomic(out / "search.json", json.dumps(summary, indent=2) + "\n"),
-               write_atomic(out / "front.md", markdown(summary))]  # fmt: skip
+               write_atomic(out / "front.md", markdown(summary))]
     fig = search_figure(summary)
     for fmt in ("png", "svg"):
         buffer = io.BytesIO()

@@ -132,7 +132,7 @@ def space_from_dict(data: dict[str, Any]) -> Space:
     space = dataclasses.replace(Space(), **changes)
     if "2:4" in space.sparsity and not space.weights_24:
         raise SpaceError(f"sparsity 2:4 needs weights {' or '.join(SEMI_STRUCTURED_WEIGHTS)} in the space; "
-                         f"weights = {list(space.weights)!r}")  # fmt: skip
+                         f"weights = {list(space.weights)!r}")
     return space
 
 
@@ -152,7 +152,7 @@ def _choices(key: str, value: Any, allowed: tuple[str, ...] | None, kind: type =
 def _range(key: str, value: Any, kind: type) -> tuple[Any, Any]:
     numeric = (int,) if kind is int else (int, float)
     if (not isinstance(value, list) or len(value) != 2
-            or not all(isinstance(v, numeric) and not isinstance(v, bool) for v in value)):  # fmt: skip
+            or not all(isinstance(v, numeric) and not isinstance(v, bool) for v in value)):
         raise SpaceError(f"{key} = {value!r}: expected [low, high] ({kind.__name__})")
     return value[0], value[1]
 
@@ -204,7 +204,7 @@ def suggest(trial: optuna.Trial, space: Space, base: TrainConfig, train_space: b
         for key, values in space.train.items():
             kind, _ = TRAIN_KEYS[key]
             changes[key] = (trial.suggest_int(key, *values) if kind == "range"
-                            else trial.suggest_categorical(key, list(values)))  # fmt: skip
+                            else trial.suggest_categorical(key, list(values)))
         config = base.replace(**changes)
     sparsity = trial.suggest_categorical("sparsity", list(space.sparsity))
     if sparsity == "2:4":
@@ -217,7 +217,7 @@ def suggest(trial: optuna.Trial, space: Space, base: TrainConfig, train_space: b
     if sparsity != "dense":
         finetune = trial.suggest_int("finetune_epochs", *space.finetune_epochs)
     compression = Compression(weights=weights, sparsity=fraction, semi_structured=sparsity == "2:4",
-                              finetune_epochs=finetune)  # fmt: skip
+                              finetune_epochs=finetune)
     return Setting(config, compression)
 
 

@@ -52,7 +52,7 @@ GRACE_S = 120  # ... and its trial is failed this long after the last proof
 EXPLORE_DRAWS = 200  # random points tried for one no trial holds, after a repeat
 MAX_FAILURES_IN_A_ROW = 3  # then the search stops: a broken evaluator would fail every trial
 RECORD_KEYS = ("latency_graph_s", "latency_eager_s", "throughput", "energy_j_per_1k", "accuracy", "macro_f1",
-               "accuracy_drop", "speedup", "notes", "unavailable")  # fmt: skip
+               "accuracy_drop", "speedup", "notes", "unavailable")
 SAMPLERS = ("tpe", "nsga2")
 
 
@@ -85,7 +85,7 @@ class SearchSettings:
             "train_space": self.train_space,
             "space": self.space.as_dict(),
             "base_config": self.base.as_dict(),
-        }))  # fmt: skip
+        }))
 
 
 @dataclass
@@ -102,7 +102,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     left running; any SQLAlchemy URL Optuna accepts (sqlite:///, postgresql://, mysql://)."""
     if "://" not in url:
         raise SearchError(f"--storage {url}: not a database URL; use e.g. sqlite:///search.db or "
-                          "postgresql://user@host/db")  # fmt: skip
+                          "postgresql://user@host/db")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -138,12 +138,12 @@ def open_study(settings: SearchSettings) -> optuna.Study:
     if theirs is None:
         if study.trials:
             raise SearchError(f"study {settings.study_name!r} in {settings.storage} holds trials but was not made "
-                              "by python -m bench.search; choose another --study-name")  # fmt: skip
+                              "by python -m bench.search; choose another --study-name")
         study.set_user_attr(IDENTITY_KEY, mine)
     elif theirs != mine:
         raise SearchError(f"study {settings.study_name!r} in {settings.storage} was made under other settings "
                           f"({identity_diff(theirs, mine)}); its trials could not be ranked with this run's. "
-                          "Rerun with its settings, or choose another --study-name")  # fmt: skip
+                          "Rerun with its settings, or choose another --study-name")
     return study
 
 
@@ -359,7 +359,7 @@ def run_search(
     note = f" ({settings.objectives_note})" if settings.objectives_note else ""
     log(f"search: study {settings.study_name!r} in {settings.storage}: {done} trial(s) done, {remaining} to run; "
         f"minimising {' and '.join(o.label for o in settings.objectives)}{note}; "
-        f"accuracy drop at most {settings.max_accuracy_drop:g}")  # fmt: skip
+        f"accuracy drop at most {settings.max_accuracy_drop:g}")
     if remaining == 0:
         return outcome
     progress = Progress(settings, log)
@@ -367,7 +367,7 @@ def run_search(
     try:
         reference = reference_accuracy(study, settings, evaluate, log)
         study.optimize(make_objective(settings, evaluate, reference), n_trials=remaining, timeout=settings.timeout,
-                       catch=(Exception,), callbacks=[progress])  # fmt: skip
+                       catch=(Exception,), callbacks=[progress])
     except KeyboardInterrupt:
         outcome.interrupted = True
     outcome.ran = progress.ran

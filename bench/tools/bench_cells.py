@@ -167,7 +167,7 @@ class CellResult:
             "losing": speedup is not None and speedup < LOSING,
             "tile_sources": self.sources(), "tile_routes": self.routes(), "tiles": self.tiles,
             "tuning_s": round(self.tuning_s, 3), "errors": self.errors,
-        }  # fmt: skip
+        }
 
 
 def cell_tiles(batch: int, width: int, dtype: torch.dtype) -> list[dict[str, Any]]:
@@ -179,7 +179,7 @@ def cell_tiles(batch: int, width: int, dtype: torch.dtype) -> list[dict[str, Any
 def measure_cell(
     batch: int, width: int, activation: str, precision: str, device: torch.device,
     rep: int = 100, compile_baseline: bool = True,
-) -> CellResult:  # fmt: skip
+) -> CellResult:
     """Every implementation's step at one cell, eagerly and under CUDA graphs (GPU).
     A baseline that fails is recorded in `errors` and left out; our own kernel failing
     raises (that is the thing under test)."""
@@ -260,7 +260,7 @@ def _time_eager_interleaved(cell: CellResult, device: torch.device) -> None:
 def tune_phase(
     pairs: Sequence[tuple[int, int]], precisions: Sequence[str], device: torch.device,
     deadline: float = math.inf, on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """One eager step per (precision, batch, width): the first calls tune every shape.
     No new configuration starts after `deadline` (time.perf_counter())."""
     rows: list[dict[str, Any]] = []
@@ -269,7 +269,7 @@ def tune_phase(
         for batch, width, activation in runs:  # silu: the act experiment's own activation class
             if time.perf_counter() > deadline:
                 rows.append({"precision": precision, "batch": batch, "width": width, "activation": activation,
-                             "skipped": "time budget"})  # fmt: skip
+                             "skipped": "time budget"})
                 continue
             tuned = sum(e["source"] == "tuned" for e in launches.launch_report())
             seconds = launches.tuning_seconds()
@@ -287,9 +287,9 @@ def tune_phase(
                 "wall_s": round(time.perf_counter() - start, 3),  # tuning + Triton compiles + the step
                 "tuning_s": round(launches.tuning_seconds() - seconds, 3),  # timing candidates alone
                 "kernels_tuned": sum(e["source"] == "tuned" for e in launches.launch_report()) - tuned,
-            })  # fmt: skip
+            })
             print(f"tune  {precision:4s} batch {batch:4d} width {width:4d} {activation:10s}: {rows[-1]['wall_s']:7.1f} s, "
-                  f"{rows[-1]['kernels_tuned']} kernel shapes tuned", flush=True)  # fmt: skip
+                  f"{rows[-1]['kernels_tuned']} kernel shapes tuned", flush=True)
             on_row(rows)
     return rows
 
@@ -349,23 +349,23 @@ def summary_lines(cells: list[CellResult], skipped: list[tuple[str, int, int, st
             name: _geomean([r[key] for r in mine if r[key]])
             for name, key in (("torch", "speedup_graph_vs_torch"), ("compile", "speedup_graph_vs_compile"),
                               ("best", "speedup_vs_best"), ("eager", "speedup_eager_vs_torch"))
-        }  # fmt: skip
+        }
         text = {k: "n/a" if v is None else f"{v:.2f}" for k, v in means.items()}
         lines.append(f"{precision}: geomean speedup under graphs over torch {text['torch']}, over torch.compile "
                      f"{text['compile']}, over the best baseline {text['best']}; eager (no graphs) over eager "
-                     f"torch {text['eager']} ({len(mine)} cells)")  # fmt: skip
+                     f"torch {text['eager']} ({len(mine)} cells)")
         rated = [c for c in cells if c.precision == precision and c.best_baseline()[1] is not None]
         if rated:
             worst = min(rated, key=lambda c: c.best_baseline()[1])
             name, speedup = worst.best_baseline()
             lines.append(f"{precision}: worst cell {worst.batch}x{worst.width} {worst.activation} {speedup:.2f} of {name}"
-                         f" (tiles: {_counts(worst.sources())}; routes: {_counts(worst.routes())})")  # fmt: skip
+                         f" (tiles: {_counts(worst.sources())}; routes: {_counts(worst.routes())})")
     losing = [c for c in cells if c.record()["losing"]]
     lines.append(
         f"losing cells (< {LOSING} of the best baseline): "
         + (", ".join(f"{c.precision} {c.batch}x{c.width} {c.activation} {c.best_baseline()[1]:.2f}"
                      f" [{_counts(c.sources())}; {_counts(c.routes())}]" for c in losing) or "none")
-    )  # fmt: skip
+    )
     if skipped:
         lines.append("not measured (time budget): " + ", ".join(f"{p} {b}x{w} {a}" for p, b, w, a in skipped))
     return lines
@@ -377,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--activations", nargs="*", default=list(ACTIVATIONS), choices=ACTIVATIONS,
-                        help="activations measured at 512 x 512 besides leaky_relu")  # fmt: skip
+                        help="activations measured at 512 x 512 besides leaky_relu")
     parser.add_argument("--tune", default="always", choices=TUNE_MODES, help="LOADBENCH_TUNE for the whole run")
     parser.add_argument("--cache-dir", help="tuning cache directory (emptied first); default: a fresh temporary one")
     parser.add_argument("--skip-tuning-phase", action="store_true")
@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             def tuned_so_far(rows: list[dict[str, Any]]) -> None:
                 total = sum(r.get("wall_s", 0.0) for r in rows)
                 out["tuning"] = {"rows": rows, "wall_s": round(total, 2), "timing_s": round(launches.tuning_seconds(), 2),
-                                 "counts": launches.tuning_counts()}  # fmt: skip
+                                 "counts": launches.tuning_counts()}
                 save()
 
             pairs = experiment_pairs(args.batches, args.widths)
@@ -425,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             total = out["tuning"]["wall_s"]
             print(f"first-use tuning of the experiments' shapes: {total:.1f} s wall "
                   f"({launches.tuning_seconds():.1f} s in the tuner: compiling ahead and timing; the rest the steps "
-                  f"and the chosen tiles' compiles); {launches.tuning_counts()}", flush=True)  # fmt: skip
+                  f"and the chosen tiles' compiles); {launches.tuning_counts()}", flush=True)
         todo = [] if args.tune_only else cell_list(args.batches, args.widths, args.precisions, args.activations)
         cells: list[CellResult] = []
         skipped: list[tuple[str, int, int, str]] = []
@@ -440,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cell = measure_cell(batch, width, activation, precision, device, args.rep, not args.no_compile)
             except Exception as exc:  # our kernel failed: say so, and go on with the other cells
                 failed.append({"precision": precision, "batch": batch, "width": width, "activation": activation,
-                               "error": _error(exc)})  # fmt: skip
+                               "error": _error(exc)})
                 out["failed"] = failed
                 print(f"{precision:4s} {batch:5d} {width:5d} {activation:10s} FAILED: {_error(exc)}", flush=True)
                 continue

@@ -107,7 +107,7 @@ def first_bad(output: str) -> str:
     if "only 'skip'ped commits left to test" in output:
         between = re.findall(r"^([0-9a-f]{40})$", output, re.MULTILINE)
         raise BisectError(f"the first bad commit is one of {', '.join(c[:12] for c in between)}: "
-                          "the suite could not run at the others to tell")  # fmt: skip
+                          "the suite could not run at the others to tell")
     raise BisectError(f"git bisect found no first bad commit:\n{output[-4000:]}")
 
 
@@ -140,7 +140,7 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
         git(repo, "bisect", "start", bad, good)
         try:
             run = git(repo, "bisect", "run", sys.executable, str(step), "--repo", str(repo), "--baseline", str(baseline),
-                      "-k", case, "--path", path, "--", *extra, check=False, env=env)  # fmt: skip
+                      "-k", case, "--path", path, "--", *extra, check=False, env=env)
             skipped = skipped_commits(git(repo, "bisect", "log", check=False).stdout)
             return Found(first_bad(run.stdout + run.stderr), skipped)
         finally:
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--path", default="bench/", help="what pytest runs. Default: bench/")
     parser.add_argument("--repo", type=Path, default=Path("."),
                         help="the git repository whose code is bisected (pytest imports its bench/, model/, kernels/). "
-                             "Default: .")  # fmt: skip
+                             "Default: .")
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, pytest_args = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: for pytest

@@ -154,7 +154,7 @@ def read_verdicts(run_path: Path) -> list[CaseLine]:
             figure = f"{median:.4f} s/epoch" if median else "n/a"
         accuracy = info.get("accuracy")
         lines.append(CaseLine(bench.get("name", bench.get("fullname", "?")), figure,
-                              f"{accuracy:.4f}" if isinstance(accuracy, (int, float)) else "n/a", verdict))  # fmt: skip
+                              f"{accuracy:.4f}" if isinstance(accuracy, (int, float)) else "n/a", verdict))
     return lines
 
 
@@ -175,7 +175,7 @@ def junit_failures(path: Path) -> list[tuple[str, str]]:
 def summary_markdown(
     mode: str, gpu: str, baseline: Path | None, history_runs: int, cases: list[CaseLine],
     failed_tests: list[tuple[str, str]], exit_code: int,
-) -> str:  # fmt: skip
+) -> str:
     """The job summary: the gate's verdict per case, what failed, how much history there was."""
     judged = [c for c in cases if c.verdict is not None]
     counts: dict[str, int] = {}
@@ -190,14 +190,14 @@ def summary_markdown(
         lines.append("No stored run of main measured like this one yet: nothing was compared, budgets only.")
     else:
         lines.append(f"Baseline: `{baseline.name}`, the newest of {history_runs} stored run(s) of main "
-                     "measured like this one (GPU model, profile, epochs).")  # fmt: skip
+                     "measured like this one (GPU model, profile, epochs).")
     tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no case recorded"
     lines += ["", f"{len(cases)} case(s): {tally}."]
     unknown = [c.name for c in judged if c.verdict.noise is not None and not c.verdict.noise.get("known")]  # type: ignore[union-attr]
     if unknown:
         lines += ["", f"Noise unknown for {len(unknown)} case(s): fewer than 3 stored runs of main on this GPU, so the "
                       "time gate assumed a conservative spread (time_noise_unknown_pct) and catches only large "
-                      "slowdowns there."]  # fmt: skip
+                      "slowdowns there."]
     bad = [c for c in judged if not c.verdict.passed]  # type: ignore[union-attr]
     if bad:
         lines += ["", "### What the gate failed", ""]
@@ -214,7 +214,7 @@ def summary_markdown(
         lines += ["", "<details><summary>Every case</summary>", "",
                   tabulate(rows, headers=["case", "measured", "accuracy", "verdict"], tablefmt="github",
                            disable_numparse=True),
-                  "", "</details>"]  # fmt: skip
+                  "", "</details>"]
     return "\n".join(lines) + "\n"
 
 
@@ -241,7 +241,7 @@ def run_job(args: argparse.Namespace) -> int:
         run_json = out / "run.json"
         junit = out / "junit.xml"
         command = [sys.executable, "-m", "pytest", *args.bench, f"--tier={tier}", f"--benchmark-json={run_json}",
-                   f"--series-dir={out / 'series'}", f"--junitxml={junit}", "-p", "no:cacheprovider"]  # fmt: skip
+                   f"--series-dir={out / 'series'}", f"--junitxml={junit}", "-p", "no:cacheprovider"]
         if baseline is not None:
             command.append(f"--benchmark-compare={baseline}")
         if stores and not args.data_repo:
@@ -262,7 +262,7 @@ def run_job(args: argparse.Namespace) -> int:
         print(summary)
         if stores and args.data_repo and run_file is not None:
             data_branch("push", "--repo", args.data_repo, "--branch", args.data_branch, "--series",
-                        str(out / "series"), str(run_file))  # fmt: skip
+                        str(out / "series"), str(run_file))
         if run_file is not None and not args.no_history:
             history(stored, run_file, out / "report")
         return exit_code
@@ -291,18 +291,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m bench.tools.ci",
         description="Run a tier of the bench against main's stored history and write the job summary from the "
                     "gate's verdicts. Exit status: pytest's (0 passed, 1 a case failed or regressed), 2 on "
-                    "unusable input.",  # fmt: skip
+                    "unusable input.",
         epilog="Arguments after -- go to pytest, e.g. -- --profile thesis bench/test_experiments.py",
     )
     parser.add_argument("mode", choices=sorted(MODES),
                         help="pr: the pull-request tier gated against main; main: the same, stored as main's "
-                             "newest run; nightly: the nightly tier (every case), stored")  # fmt: skip
+                             "newest run; nightly: the nightly tier (every case), stored")
     parser.add_argument("--storage", type=Path, default=Path(loadbench_env.read("LOADBENCH_STORAGE") or ".benchmarks/main"),
                         help="main's stored runs on this runner (pytest-benchmark storage). Default: "
-                             "$LOADBENCH_STORAGE or .benchmarks/main")  # fmt: skip
+                             "$LOADBENCH_STORAGE or .benchmarks/main")
     parser.add_argument("--data-repo", default=None, metavar="URL",
                         help="keep main's history on a git data branch of this repository instead of --storage "
-                             "(shared by every runner; python -m bench.tools.databranch)")  # fmt: skip
+                             "(shared by every runner; python -m bench.tools.databranch)")
     parser.add_argument("--data-branch", default="bench-data", help="the data branch. Default: %(default)s")
     parser.add_argument("--out", type=Path, default=Path("ci-out"),
                         help="run.json, junit.xml, series/, summary.md and report/ go here. Default: %(default)s")
@@ -311,7 +311,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu", default=None, help="the GPU model to find history for. Default: this machine's")
     parser.add_argument("--no-history", action="store_true", help="do not build history.html")
     parser.add_argument("--bench", nargs="+", default=["bench/"], metavar="PATH",
-                        help="what pytest runs. Default: bench/")  # fmt: skip
+                        help="what pytest runs. Default: bench/")
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)

@@ -113,7 +113,7 @@ class Judged:
 
     def as_dict(self) -> dict[str, Any]:
         return {"case": self.case.label, "fullname": self.case.fullname, "kind": self.case.kind,
-                "verdict": self.verdict.as_dict(), "deltas": self.deltas}  # fmt: skip
+                "verdict": self.verdict.as_dict(), "deltas": self.deltas}
 
 
 # ------------------------------------------------------------------------ reading
@@ -148,7 +148,7 @@ def read(path: Path, role: str) -> RunFile:
     commit = str(data.get("commit_info", {}).get("id") or "unknown")
     run = Run(path=path, datetime=str(data.get("datetime", "")), commit=commit[:8],
               gpu=gpu_of(data), settings=data["machine_info"]["loadbench"].get("settings") or {},
-              benchmarks=data["benchmarks"])  # fmt: skip
+              benchmarks=data["benchmarks"])
     found = RunFile(role, path, data, run)
     if not cases_of(found):
         count = len(data["benchmarks"])
@@ -166,7 +166,7 @@ def cases_of(run_file: RunFile) -> list[Case]:
     neither kind (the kernel micro-benchmarks) are left out: no budget judges them."""
     training = [(b["extra_info"]["case"], b) for b in run_file.run.cases()]
     serving = sorted((b for b in run_file.run.benchmarks if is_inference(b.get("extra_info", {}))),
-                     key=lambda b: study_order(str(b["extra_info"].get("case", ""))))  # fmt: skip
+                     key=lambda b: study_order(str(b["extra_info"].get("case", ""))))
     found = [Case(str(label), b["fullname"], TRAINING, b["extra_info"]) for label, b in training]
     for b in serving:
         info = b["extra_info"]
@@ -182,7 +182,7 @@ def unique_labels(cases: list[Case], names: dict[str, str]) -> list[Case]:
         counts[case.label] = counts.get(case.label, 0) + 1
     return [case if counts[case.label] == 1 else Case(f"{case.label} ({names[case.fullname]})", case.fullname,
                                                        case.kind, case.info)
-            for case in cases]  # fmt: skip
+            for case in cases]
 
 
 def history_candidates(given: Sequence[Path] | None, old: RunFile, new: RunFile) -> list[Path]:
@@ -219,7 +219,7 @@ def gating_reason(old: RunFile, new: RunFile) -> str:
 
 
 def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, Any]], *,
-          budgets_too: bool = False) -> list[Judged]:  # fmt: skip
+          budgets_too: bool = False) -> list[Judged]:
     """The verdict on every case of NEW against OLD, as the fixture (training) and the
     serving test judge a case against their baseline. `history`: OLD and the stored runs
     that tell each case's noise (compare.load_history). Floors and ceilings judge NEW alone
@@ -238,7 +238,7 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
             history=case_history(history, case.fullname) if then is not None else (),
             baseline=str(old.path), gating=gating, reason=reason if then is not None else "new case, not compared",
             profile=profile, epochs=epochs, budgets_too=budgets_too,
-        ).verdict  # fmt: skip
+        ).verdict
         directions = DIRECTIONS if case.kind == TRAINING else SERVING_DIRECTIONS
         judged.append(Judged(case, verdict, then, deltas(case.info, then, directions) if then is not None else {}))
     return judged
@@ -261,7 +261,7 @@ def deltas(now: dict[str, Any], then: dict[str, Any], directions: dict[str, int]
         if not number(new) or not number(old):
             continue
         out[metric] = {"old": old, "new": new, "change": new / old - 1 if old else None,
-                       "worse": (new - old) * direction < 0}  # fmt: skip
+                       "worse": (new - old) * direction < 0}
     return out
 
 
@@ -292,11 +292,11 @@ def markdown(old: RunFile, new: RunFile, judged: list[Judged], notes: list[str])
     serving = [item for item in judged if item.case.kind == SERVING]
     if training:
         rows = [[item.case.label, cell(item, "median_epoch_s", seconds), cell(item, "accuracy", score),
-                 cell(item, "macro_f1", score), verdict_cell(item, reason)] for item in training]  # fmt: skip
+                 cell(item, "macro_f1", score), verdict_cell(item, reason)] for item in training]
         lines += ["", tabulate(rows, ["case", "median epoch", "accuracy", "macro-F1", "verdict"], tablefmt="github")]
     if serving:
         rows = [[item.case.label, cell(item, "latency_p99_s", microseconds), cell(item, "accuracy", score),
-                 cell(item, "accuracy_drop", score), verdict_cell(item, reason)] for item in serving]  # fmt: skip
+                 cell(item, "accuracy_drop", score), verdict_cell(item, reason)] for item in serving]
         headers = ["serving", "batch-1 p99", "accuracy", "drop vs fp32", "verdict"]
         lines += ["", tabulate(rows, headers, tablefmt="github")]
     broken = [item for item in judged if item.verdict.failures]
@@ -359,7 +359,7 @@ def notes_of(old: RunFile, new: RunFile, judged: list[Judged], budgets: Budgets,
     unknown = [item for item in judged if gated and item.verdict.noise is not None and not item.verdict.noise["known"]]
     if unknown:
         notes.append(f"noise unknown for {len(unknown)} case(s): a conservative bound applied "
-                     "(fewer than 3 stored runs of the case beside OLD; give more with --history)")  # fmt: skip
+                     "(fewer than 3 stored runs of the case beside OLD; give more with --history)")
     fresh = [item.case.label for item in judged if item.old is None]
     if fresh:
         notes.append(f"{len(fresh)} case(s) not in OLD, not compared: {', '.join(fresh)}")
@@ -415,7 +415,7 @@ def metrics_of(case: Case) -> list[Metric]:
             low, high = (min(rounds), max(rounds)) if rounds else (None, None)
             about = f"min-max of {len(rounds)} rounds' p99" if rounds else ""
             out.append(bounded(Metric("batch-1 p99", "batch1-p99-us", "us", p99 * 1e6), low and low * 1e6,
-                               high and high * 1e6, about))  # fmt: skip
+                               high and high * 1e6, about))
         if number(info.get("accuracy")):
             out.append(Metric("accuracy", "accuracy", "fraction", info["accuracy"]))
     return out
@@ -504,23 +504,23 @@ exit status: 0 nothing regressed (or export only), 1 a case regressed (or, with
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.tools.compare", usage=USAGE, description=__doc__.split("\n\n")[0],
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN",
-                   help="OLD NEW, the runs to judge; with --export, NEW alone: export, judge nothing")  # fmt: skip
+                   help="OLD NEW, the runs to judge; with --export, NEW alone: export, judge nothing")
     p.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, metavar="PATH",
-                   help="budgets, resolved with NEW's profile and dataset. Default: bench/budgets.toml")  # fmt: skip
+                   help="budgets, resolved with NEW's profile and dataset. Default: bench/budgets.toml")
     p.add_argument("--budgets-too", action="store_true",
-                   help="also judge NEW against the floors and ceilings (not only against OLD)")  # fmt: skip
+                   help="also judge NEW against the floors and ceilings (not only against OLD)")
     history = p.add_mutually_exclusive_group()
     history.add_argument("--history", type=Path, action="append", metavar="DIR_OR_FILE",
                          help="stored runs for each case's run-to-run noise (repeatable; a folder gives its "
-                              "run files). Default: the run files beside OLD")  # fmt: skip
+                              "run files). Default: the run files beside OLD")
     history.add_argument("--no-history", action="store_true", help="OLD alone tells the noise")
     p.add_argument("--json", action="store_true",
-                   help="a JSON list of {case, fullname, kind, verdict, deltas} instead of Markdown")  # fmt: skip
+                   help="a JSON list of {case, fullname, kind, verdict, deltas} instead of Markdown")
     p.add_argument("--out", type=Path, metavar="FILE", help="write the Markdown or JSON here instead of stdout")
     p.add_argument("--export", nargs=2, action="append", default=[], metavar=("FORMAT", "FILE"),
-                   help=f"write NEW's figures as FORMAT ({', '.join(EXPORTS)}) to FILE; repeatable")  # fmt: skip
+                   help=f"write NEW's figures as FORMAT ({', '.join(EXPORTS)}) to FILE; repeatable")
     return p
 
 

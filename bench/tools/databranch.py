@@ -172,7 +172,7 @@ def series_files(run: dict[str, Any], folder: Path) -> tuple[dict[str, str], lis
     """The run's series found in `folder`, thinned (file name -> CSV), and the names it
     records that are not there."""
     names = [Path(b["extra_info"]["series_path"]).name for b in run["benchmarks"]
-             if isinstance(b, dict) and (b.get("extra_info") or {}).get("series_path")]  # fmt: skip
+             if isinstance(b, dict) and (b.get("extra_info") or {}).get("series_path")]
     found = {name: thin((folder / name).read_text(encoding="utf-8")) for name in names if (folder / name).is_file()}
     return found, [name for name in names if name not in found]
 
@@ -186,7 +186,7 @@ def read_input(path: Path) -> dict[str, Any]:
 
 
 def push(run_path: Path, repo: str, branch: str = DEFAULT_BRANCH, runner: str = "", series: Path | None = None,
-         attempts: int = 5, backoff: float = 2.0, say: Callable[[str], None] = print) -> str:  # fmt: skip
+         attempts: int = 5, backoff: float = 2.0, say: Callable[[str], None] = print) -> str:
     """Commit the run (and its thinned series) to `branch` of `repo` and push, redoing the
     commit on the new tip after a rejected push; the run's path on the branch."""
     run = read_input(run_path)
@@ -235,7 +235,7 @@ def default_runner() -> str:
 
 
 def pull(repo: str, out: Path, branch: str = DEFAULT_BRANCH, gpu: str | None = None,
-         say: Callable[[str], None] = print) -> dict[str, int]:  # fmt: skip
+         say: Callable[[str], None] = print) -> dict[str, int]:
     """Copy the branch's runs (of one GPU model where `gpu` names one, by name or slug)
     into `out`/runs/<gpu-slug>/, with their series under `out`/series/<stem>/; runs per
     GPU slug. A repository without the branch gives an empty folder and a note."""
@@ -275,7 +275,7 @@ INDEX = """<!doctype html>
 
 def build(repo: str, out: Path, branch: str = DEFAULT_BRANCH, extra: Sequence[Path] = (),
           series_roots: Sequence[Path] = (), window: int = 50,
-          say: Callable[[str], None] = print) -> tuple[list[Path], list[str]]:  # fmt: skip
+          say: Callable[[str], None] = print) -> tuple[list[Path], list[str]]:
     """The report (bench.tools.report) of the branch's runs and the `extra` ones, written
     into `out` with an index.html that opens history.html: a GitHub Pages site."""
     for path in extra:
@@ -324,14 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     pushing.add_argument("--attempts", type=positive, default=5, metavar="N",
                          help="pushes to try before giving up. Default: 5")
     pushing.add_argument("--backoff", type=float, default=2.0, metavar="S",
-                         help="seconds to wait after the n-th rejected push, times n. Default: 2.0")  # fmt: skip
+                         help="seconds to wait after the n-th rejected push, times n. Default: 2.0")
     pulling = commands.add_parser("pull", parents=[common], help="copy the branch's runs into a folder")
     pulling.add_argument("--out", type=Path, required=True, metavar="DIR")
     pulling.add_argument("--gpu", default=None, metavar="NAME", help="only this GPU model (its name or folder)")
     building = commands.add_parser("build", parents=[common], help="the history page of the branch's runs")
     building.add_argument("--out", type=Path, default=Path("site"), metavar="DIR", help="Default: site")
     building.add_argument("--extra", type=Path, action="append", default=[], metavar="RUN.json",
-                          help="a run not on the branch (a pull request's own); repeatable")  # fmt: skip
+                          help="a run not on the branch (a pull request's own); repeatable")
     building.add_argument("--series-root", type=Path, action="append", default=[], help="where --extra's series are")
     building.add_argument("--window", type=int, default=50, choices=(50, 100), help="moving-average window. Default: 50")
     args = parser.parse_args(argv)

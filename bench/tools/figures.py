@@ -62,7 +62,7 @@ def resource_figure(title: str, series: dict[str, dict[str, list[float]]], windo
                 continue  # not measured for this case: no line, never zeros
             x = columns["t"] if timed else np.arange(len(columns[column]))
             ax.plot(x, moving_average(columns[column], window), label=label, linewidth=1.2, color=colours[label],
-                    marker="|", markersize=7, markeredgewidth=1.1, markevery=epoch_ends(columns, every))  # fmt: skip
+                    marker="|", markersize=7, markeredgewidth=1.1, markevery=epoch_ends(columns, every))
         ax.set_ylabel(RESOURCES[column], fontsize=8)
         ax.grid(alpha=0.3)
     if not panels:
@@ -72,7 +72,7 @@ def resource_figure(title: str, series: dict[str, dict[str, list[float]]], windo
         axes[0, 0].legend(fontsize=7, ncol=min(5, len(labels)), loc="upper right")
     axes[-1, 0].set_xlabel(("time since the monitor started (s)" if timed else "monitor sample")
                            + ("; | marks the end of an epoch" if every == 1 else f"; | marks the end of every {every} epochs"),
-                           fontsize=8)  # fmt: skip
+                           fontsize=8)
     bottom = 0.0
     if unmeasured and panels:
         fig.text(0.01, 0.01, "not measured on this run: " + ", ".join(unmeasured), fontsize=7, color="dimgray")
@@ -147,7 +147,7 @@ def pareto_figure(records: list[dict[str, Any]]) -> Figure:
 
 LABEL_FONT = 6.5
 _DIRECTIONS = [(math.cos(math.radians(a)), math.sin(math.radians(a))) for a in (45, 135, 315, 225, 90, 270, 0, 180,
-                                                                                 22, 158, 338, 202, 68, 112, 292, 248)]  # fmt: skip
+                                                                                 22, 158, 338, 202, 68, 112, 292, 248)]
 _RADII = (5, 11, 18, 27, 38, 52, 70, 92, 120, 155, 200, 250)  # points from the marker; far ones get a leader line
 
 
@@ -196,7 +196,7 @@ def place_labels(ax: Any, points: list[tuple[float, float]], names: list[str], f
             ha="right" if dx < -0.3 else "left" if dx > 0.3 else "center",
             va="top" if dy < -0.3 else "bottom" if dy > 0.3 else "center",
             arrowprops={"arrowstyle": "-", "color": "0.55", "linewidth": 0.6, "shrinkA": 0, "shrinkB": 3} if radius > 8 else None,
-        ))  # fmt: skip
+        ))
     return out
 
 
@@ -224,7 +224,7 @@ INFERENCE_COSTS = {  # panel: (axis label, scale to the axis unit, what a panel 
     "p99_latency_s": ("batch-1 p99 latency (µs)", 1e6, "no latency data: no inference record holds a p99 latency"),
     "energy_j_per_1k": ("energy per 1,000 inferences (J)", 1.0,
                         "no energy data: no GPU energy counter (NVML) on this run"),
-}  # fmt: skip
+}
 
 
 def record_p99(record: Mapping[str, Any]) -> float | None:
@@ -260,10 +260,10 @@ def inference_figure(records: list[dict[str, Any]]) -> Figure:
             mine = [i for i, r in enumerate(usable) if str(r.get("variant", "?")) == variant and i not in front]
             if mine:
                 ax.scatter([points[i][0] for i in mine], [points[i][1] for i in mine], s=16, alpha=0.75,
-                           color=colours[variant], label=variant, zorder=2)  # fmt: skip
+                           color=colours[variant], label=variant, zorder=2)
         order = sorted(front, key=lambda i: points[i][0])
         ax.plot([points[i][0] for i in order], [points[i][1] for i in order], color="tab:red", linewidth=1,
-                marker="o", markersize=5, label="Pareto front", zorder=3)  # fmt: skip
+                marker="o", markersize=5, label="Pareto front", zorder=3)
         xs = [x for x, _ in points]
         logged = min(xs) > 0 and max(xs) > LOG_SPAN * min(xs)
         if logged:  # eager dynamic int8 at milliseconds beside graph replays at microseconds
@@ -311,7 +311,7 @@ def search_figure(summary: Mapping[str, Any]) -> Figure:
          f"{x_obj['label']} ({x_obj['unit']})", "test accuracy", None),
         (axes[2], energy, accuracy, "energy per 1,000 inferences (J)", "test accuracy",
          textwrap.fill("no energy data in this search" + (f": {summary['objectives_note']}" if summary.get("objectives_note") else ""), 45)),
-    ]  # fmt: skip
+    ]
     drawn = []
     for ax, fx, fy, xlabel, ylabel, missing in panels:
         usable = [r for r in rows if _finite(fx(r)) and _finite(fy(r))]
@@ -325,7 +325,7 @@ def search_figure(summary: Mapping[str, Any]) -> Figure:
             "Pareto front": sorted((r for r in usable if r["on_front"]), key=fx),
         }
         style = {"feasible": dict(color="0.55", marker="o", s=16), "over the accuracy-drop limit": dict(color="0.6", marker="x", s=18),
-                 "hand-picked variant": dict(color="tab:blue", marker="s", s=26), "Pareto front": dict(color="tab:red", marker="o", s=28)}  # fmt: skip
+                 "hand-picked variant": dict(color="tab:blue", marker="s", s=26), "Pareto front": dict(color="tab:red", marker="o", s=28)}
         for name, group in groups.items():
             if group:
                 ax.scatter([fx(r) for r in group], [fy(r) for r in group], label=name, zorder=3, **style[name])

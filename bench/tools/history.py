@@ -171,7 +171,7 @@ def run_note(run: Run, reference: Run) -> str:
     if not parts[0] and reference.settings.get("plant"):
         parts[0] = "not planted"
     others = [k for k in HISTORY_SETTINGS
-              if k != "plant" and setting(run.settings, k) != setting(reference.settings, k)]  # fmt: skip
+              if k != "plant" and setting(run.settings, k) != setting(reference.settings, k)]
     parts.append(settings_text(run.settings, others))
     return ", ".join(p for p in parts if p)
 
@@ -181,7 +181,7 @@ def _stamps(runs: Sequence[Run]) -> list[tuple[str, str]]:
     of the commit shares the date, and '#1', '#2'... where they share the second too."""
     dates = Counter((r.commit, r.datetime[:10]) for r in runs)
     whens = [r.datetime[:10] if dates[(r.commit, r.datetime[:10])] == 1 else r.datetime[:19].replace("T", " ")
-             for r in runs]  # fmt: skip
+             for r in runs]
     total = Counter(zip((r.commit for r in runs), whens))
     seen: Counter[tuple[str, str]] = Counter()
     out = []
@@ -241,7 +241,7 @@ def history_page(sections: Sequence[Section], summary: Summary, images: dict[str
     def chart_html(fig: Any, div_id: str) -> str:
         first, embed[0] = embed[0], False
         return fig.to_html(full_html=False, include_plotlyjs=first, div_id=div_id,
-                           config={"displaylogo": False, "responsive": True})  # fmt: skip
+                           config={"displaylogo": False, "responsive": True})
 
     runs = sum(len(s.runs) for s in sections)
     parts = [
@@ -255,7 +255,7 @@ def history_page(sections: Sequence[Section], summary: Summary, images: dict[str
          "slowdown, another profile or epoch count), on lines of their own. Click a legend entry to hide a case, "
          "double-click to show only it, or pick an experiment or a case above a section's charts.</p>"),
         summary_html(summary),
-    ]  # fmt: skip
+    ]
     if len(sections) > 1:
         links = " · ".join(f"<a href='#{section_id(s.gpu)}'>{html.escape(s.gpu)}</a> ({len(s.runs)})" for s in sections)
         parts.append(f"<p>GPU models: {links}</p>")
@@ -263,7 +263,7 @@ def history_page(sections: Sequence[Section], summary: Summary, images: dict[str
         parts.append(section_html(section, chart_html))
     for name, image in (images or {}).items():
         parts.append(f"<h2>{html.escape(name)}</h2><img alt='{html.escape(name)}' "
-                     f"src='data:image/png;base64,{base64.b64encode(image).decode()}'>")  # fmt: skip
+                     f"src='data:image/png;base64,{base64.b64encode(image).decode()}'>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -282,7 +282,7 @@ def summary_html(summary: Summary) -> str:
     if summary.reasons:
         items = "".join(f"<li><b>{html.escape(case)}</b>, {html.escape(metric)}: "
                         f"<span class='rule'>{html.escape(message)}</span></li>"
-                        for case, metric, message in summary.reasons)  # fmt: skip
+                        for case, metric, message in summary.reasons)
         parts.append(f"<p>Regressions against {html.escape(summary.against)}:</p><ul>{items}</ul>")
     parts.append(f"<p class='note'>{summary.runs} run(s) in the history.</p>")
     if summary.warnings:
@@ -313,7 +313,7 @@ def section_html(section: Section, chart_html: Any) -> str:
         + "</select></label></div>",
         other_settings_html(section),
         regression_table(section),
-    ]  # fmt: skip
+    ]
     for metric, chart in METRICS.items():
         fig = metric_figure(section, metric, chart)
         parts.append(f"<h3>{html.escape(chart_title(metric, chart))}</h3>")
@@ -350,14 +350,14 @@ def other_settings_html(section: Section) -> str:
             continue
         pairing = section.pairing(i)
         judged = (f"judged against {section.labels[pairing.baseline]}" if pairing.baseline is not None
-                  else f"not gated: {pairing.reason}")  # fmt: skip
+                  else f"not gated: {pairing.reason}")
         items.append(f"<li>{html.escape(labels[i])}: <b>{html.escape(note)}</b>; {html.escape(judged)}</li>")
     if not items:
         return ""
     return (f"<p class='note'>Runs planted or with other settings than the newest run "
             f"({html.escape(settings_text(newest.settings, HISTORY_SETTINGS))}): drawn with hollow markers on lines "
             f"of their own and judged only against runs with their own settings.</p><ul class='note other-settings'>"
-            + "".join(items) + "</ul>")  # fmt: skip
+            + "".join(items) + "</ul>")
 
 
 def fmt(value: float | None, chart: Chart) -> str:
@@ -432,7 +432,7 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
         drawn += [v for v in y if v is not None]
         customdata = [[run.commit, when[i], fmt(y[i], chart), point_change(section, labels, y, i, metric, chart),
                        settings_text(run.settings, ("profile", "epochs")) + (f"; {notes[i]}" if notes[i] else "")]
-                      for i, run in enumerate(runs)]  # fmt: skip
+                      for i, run in enumerate(runs)]
         name = html.escape(case)
         meta = {"case": case, "experiment": experiment}
         for g, indices in enumerate(groups):
@@ -448,7 +448,7 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
                 hovertemplate=(f"<b>{name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
                                f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
                                "change vs the run judged against: %{customdata[3]}<br>%{customdata[4]}<extra></extra>"),
-            ))  # fmt: skip
+            ))
         flagged = sorted(i for i in section.flagged.get(metric, {}).get(case, {}) if y[i] is not None)
         if flagged:
             rules = section.flagged[metric][case]
@@ -460,7 +460,7 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
                 hovertemplate=(f"<b>REGRESSION: {name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
                                f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
                                "change vs the run judged against: %{customdata[3]}<br>rule that flagged it:<br>  %{customdata[4]}<extra></extra>"),
-            ))  # fmt: skip
+            ))
     step = max(1, math.ceil(len(runs) / MAX_TICKS))
     log = log_axis(drawn)
     title = chart.title + (f" ({chart.unit})" if chart.unit else "") + (", log scale" if log else "")
@@ -470,7 +470,7 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
         xaxis={"tickmode": "array", "tickvals": x[::step], "tickangle": -30, "range": [-0.3, len(runs) - 0.7],
                "ticktext": tick_labels(runs)[::step], "title": {"text": "run (commit, date)"}, "automargin": True},
         yaxis={"title": {"text": title}, "type": "log" if log else "linear", "automargin": True},
-    )  # fmt: skip
+    )
     return fig
 
 
@@ -522,9 +522,9 @@ def regression_table(section: Section) -> str:
             f"<td class=when>{html.escape(against)}</td></tr>"
         )
     head = "".join(f"<th>{h}</th>" for h in ("commit", "date", "case", "metric", "old value", "new value",
-                                             "rule that flagged it", "judged against"))  # fmt: skip
+                                             "rule that flagged it", "judged against"))
     return (f"<h3>Regressions ({len(rows)})</h3><table class='regressions'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>")  # fmt: skip
+            f"<tbody>{''.join(body)}</tbody></table>")
 
 
 def _bold(text: str) -> str:

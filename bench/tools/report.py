@@ -78,7 +78,7 @@ RUN_FIRST = "run `pytest bench/ --benchmark-autosave` first"
 SEARCH_FORMAT = "mlp-loadbench-search"  # bench.search.results.FORMAT: the report reads the file, not the package
 TIME_NOTE = ("Time(s) is the whole training of the case (its last timed round, where the profile times several): "
              "every epoch, the first included (allocator growth, compilation, autotuning); 1st epoch s is that first "
-             "epoch alone. The time gate judges the median of the later epochs (s/epoch in summary.md).")  # fmt: skip
+             "epoch alone. The time gate judges the median of the later epochs (s/epoch in summary.md).")
 
 
 
@@ -111,14 +111,14 @@ def tables_markdown(run: Run) -> str:
     lines += [f"Settings: {settings_line(run.settings)}", ""]
     if plant_note(run.settings):
         lines += [f"**Planted run**: --plant-slowdown {run.settings['plant']} slowed every timed epoch on purpose "
-                  "(the gate's self-test); these times are not the code's own.", ""]  # fmt: skip
+                  "(the gate's self-test); these times are not the code's own.", ""]
     any_na = False
     for experiment, benches in by_experiment(run).items():
         rows = [study_row(str(b["extra_info"]["case"]).split("-", 1)[1], b["extra_info"]) for b in benches]
         any_na = any_na or any(cell == "n/a" for row in rows for cell in row)
         lines += [f"## {TITLES.get(experiment, experiment)}", ""]
         lines += [tabulate(rows, headers=[TITLES.get(experiment, experiment), *COLUMNS], tablefmt="github",
-                           disable_numparse=True), ""]  # fmt: skip
+                           disable_numparse=True), ""]
     lines += [TIME_NOTE, ""]
     if any_na:
         lines += [na_note(run), ""]
@@ -213,7 +213,7 @@ def unpaired_reason(run: Run, earlier: list[Run]) -> str:
         return f"no earlier run on {run.gpu}"
     keys = [k for k in HISTORY_SETTINGS if setting(run.settings, k) != setting(before.settings, k)]
     return (f"no earlier run with the same settings ({settings_text(run.settings, keys)}; "
-            f"the run before: {settings_text(before.settings, keys)})")  # fmt: skip
+            f"the run before: {settings_text(before.settings, keys)})")
 
 
 def regressions(runs: list[Run], budgets: Budgets) -> tuple[dict[str, dict[str, list]], Flagged]:
@@ -256,7 +256,7 @@ def case_baseline(runs: list[Run], paired: list[Pairing], i: int, case: str) -> 
     if case_info(runs[j], case) is not None:
         return j
     same = [k for k in range(j) if same_measurement(runs[k].gpu, runs[k].settings, runs[i].gpu, runs[i].settings)
-            and case_info(runs[k], case) is not None]  # fmt: skip
+            and case_info(runs[k], case) is not None]
     return same[-1] if same else None
 
 
@@ -282,10 +282,10 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
     notes = []
     if plant_note(latest.settings):
         notes.append(f"**Planted run**: --plant-slowdown {latest.settings['plant']} slowed every timed epoch on "
-                     "purpose, so its times are not the code's own; it is judged only against runs planted alike.")  # fmt: skip
+                     "purpose, so its times are not the code's own; it is judged only against runs planted alike.")
     if against is not None:
         notes.append(f"Judged against {labels[pairing.baseline]}, the newest earlier run on this GPU with the same "  # type: ignore[index]
-                     f"settings ({settings_text(latest.settings, ('profile', 'epochs', 'dataset'))}).")  # fmt: skip
+                     f"settings ({settings_text(latest.settings, ('profile', 'epochs', 'dataset'))}).")
     else:
         notes.append(f"Not gated: {pairing.reason}.")
     paired = [section.pairing(k) for k in range(len(section.runs))]
@@ -305,11 +305,11 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
         else:
             verdict = "ok"
         rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}", f"{info['macro_f1']:.3f}",
-                     verdict])  # fmt: skip
+                     verdict])
         reasons += [(info["case"], metric, message) for metric, message in marks.items()]
     headers = ["case", "s/epoch", "accuracy", "macro-F1", "vs previous comparable run"]
     return Summary(latest.gpu, labels[-1], headers, rows, reasons, runs, list(warnings), notes,
-                   labels[pairing.baseline] if pairing.baseline is not None else "")  # fmt: skip
+                   labels[pairing.baseline] if pairing.baseline is not None else "")
 
 
 def summary_markdown(summary: Summary) -> str:
@@ -336,7 +336,7 @@ def sections(runs: list[Run], budgets: Budgets) -> list[Section]:
 
 def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: Sequence[Path] = (),
                  budgets_path: Path = DEFAULT_BUDGETS, searches: Sequence[Path] = (),
-                 serving_commits: Sequence[str] = ()) -> tuple[list[Path], list[str]]:  # fmt: skip
+                 serving_commits: Sequence[str] = ()) -> tuple[list[Path], list[str]]:
     runs, warnings = load_runs(paths)
     serving = [r for r in runs if r.inference_records()]
     warnings += [f"skipped {r.path}: a run with no training cases" for r in runs if not r.cases() and r not in serving]
@@ -351,7 +351,7 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     if serving_commits and not joined:
         known = ", ".join(dict.fromkeys(r.commit for r in serving)) or "none"
         raise ReportError(f"--serving-commits {','.join(serving_commits)}: no serving run of these commits "
-                          f"(serving runs read: {known})")  # fmt: skip
+                          f"(serving runs read: {known})")
     records = records_of(joined)
     inference = inference_views(records, found)
     written = [write_atomic(out / name, image) for name, image in inference.items()]
@@ -507,7 +507,7 @@ run files, none with training cases, serving runs or searches, or no serving run
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0],
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, help="run files (default: every run in --storage)")
     parser.add_argument("--storage", type=Path, default=Path(".benchmarks"), help="pytest-benchmark storage. Default: .benchmarks")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="output folder. Default: reports")
@@ -518,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a search's result (python -m bench.search) for the inference view; repeatable")
     parser.add_argument("--serving-commits", type=commit_list, default=(), metavar="SHA[,SHA...]",
                         help="join the serving runs of these commits in inference.png and serving.md "
-                             "(default: the newest serving run's commit)")  # fmt: skip
+                             "(default: the newest serving run's commit)")
     args = parser.parse_args(argv)
     paths = list(args.runs) or find_run_files(args.storage)
     if not paths and not args.search:
@@ -526,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets, args.search,
-                                         args.serving_commits)  # fmt: skip
+                                         args.serving_commits)
     except ReportError as exc:
         print(f"mlp-loadbench report: {exc}", file=sys.stderr)
         return 1

@@ -174,7 +174,7 @@ def run_files(folder: Path) -> list[Path]:
     for path in paths:
         if path.name.startswith(("aa-", "plant")) and classify(path.name) is None:
             raise SelftestError(f"{path}: not a self-test run name; use aa-NN.json or plantX-NN.json "
-                                "(X the percentage)")  # fmt: skip
+                                "(X the percentage)")
     found = [path for path in paths if classify(path.name) is not None]
     if not found:
         raise SelftestError(f"{folder}: no self-test run files (aa-NN.json, plantX-NN.json)")
@@ -247,7 +247,7 @@ def check_campaign(campaign: Campaign) -> None:
     for name, run in campaign.labelled():
         if gpu_name(run["machine_info"]) != gpu:
             raise SelftestError(f"{name}: measured on {gpu_name(run['machine_info'])}, {first_name} on {gpu}: "
-                                "a self-test's runs must come from one GPU model")  # fmt: skip
+                                "a self-test's runs must come from one GPU model")
         ours = settings(run)
         differ = ", ".join(f"{k} {ours.get(k)!r} vs {base.get(k)!r}" for k in keys if ours.get(k) != base.get(k))
         if differ:
@@ -276,7 +276,7 @@ def missing_cases(campaign: Campaign) -> list[str]:
         if missing:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             notes.append(f"{name}: lacks {len(missing)} case(s) that other runs hold: {shown}; "
-                         "judged on the runs that hold them")  # fmt: skip
+                         "judged on the runs that hold them")
     return notes
 
 
@@ -425,7 +425,7 @@ def analyse(
         if len(aa) < 2:
             continue  # no A/A comparison to make; missing_cases says which runs lack it
         planted = {pct: [timed_cases(run)[fullname] for run in runs if fullname in timed_cases(run)]
-                   for pct, runs in planted_runs.items()}  # fmt: skip
+                   for pct, runs in planted_runs.items()}
         budget = budgets.resolve(profile, str(aa[0].get("experiment", "")), str(aa[0].get("case", "")), dataset)
         results.append(analyse_case(budget, fullname, aa, planted, [card_of(run) for run in holding]))
     return results
@@ -445,7 +445,7 @@ def totals(results: Sequence[CaseResult]) -> Totals:
         false_alarms=sum(r.false_alarms for r in results),
         comparisons=sum(r.comparisons for r in results),
         caught_always={pct: sum(r.detected.get(pct, (0, 1))[0] == r.detected.get(pct, (0, 1))[1] for r in results)
-                       for pct in pcts},  # fmt: skip
+                       for pct in pcts},
         cases=len(results),
     )
 
@@ -470,7 +470,7 @@ def table(results: Sequence[CaseResult]) -> str:
             f"{r.false_alarms}/{r.comparisons}", *detected,
             f"{percent(r.detectable, 'n/a')} ({r.detectable_rule})",
             "n/a (spread unknown)" if r.suggested_pct is None else f"{r.suggested_pct:.1f}",
-        ])  # fmt: skip
+        ])
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -519,7 +519,7 @@ def markdown(campaign: Campaign, results: Sequence[CaseResult], budgets_path: Pa
         totals_line(totals(results)),
         "",
         *notes,
-    ])  # fmt: skip
+    ])
 
 
 def toml_string(value: str) -> str:
@@ -549,7 +549,7 @@ def suggested_toml(campaign: Campaign, results: Sequence[CaseResult]) -> str:
             lines += [f"# {header}: {case_id!r} is not a case id of bench/cases.py; not written ({evidence})", ""]
         elif len(known) < len(group):
             lines += [f"# {header}: no suggestion: spread unknown with fewer than {MIN_NOISE_DOF + 1} A/A runs "
-                      f"({evidence})", ""]  # fmt: skip
+                      f"({evidence})", ""]
         else:
             lines += [f"# {evidence}", header, f"time_slower_pct = {max(known):.1f}", ""]
     return "\n".join(lines)
@@ -577,7 +577,7 @@ def write_outputs(out: Path, campaign: Campaign, results: Sequence[CaseResult], 
 def pytest_command(path: str, expr: str, out_json: Path, plant: str | None, extra: Sequence[str]) -> list[str]:
     plant_args = [f"--plant-slowdown={plant}"] if plant else []
     return [sys.executable, "-m", "pytest", path, "-k", expr, "-p", "no:cacheprovider", "-q",
-            f"--benchmark-json={out_json}", *plant_args, *extra]  # fmt: skip
+            f"--benchmark-json={out_json}", *plant_args, *extra]
 
 
 def run_one(
@@ -613,7 +613,7 @@ def finished_run(path: Path) -> bool:
 
 def run_campaign(out: Path, path: str, expr: str, runs: int, plants: Sequence[float], mode: str,
                  extra: Sequence[str], gpus: Sequence[str] = (), resume: bool = False,
-                 stop_after: float | None = None) -> list[Path]:  # fmt: skip
+                 stop_after: float | None = None) -> list[Path]:
     """Every run, A/A first, printing a line per run as it ends; the JSON files written.
     With `gpus`, one lane per GPU runs the plan's next run as it frees; the first
     failure stops the lanes from starting more and is raised once the running ones end.
@@ -715,7 +715,7 @@ def gpus_problem(gpus: Sequence[str], count: int) -> str | None:
     missing = [gpu for gpu in gpus if int(gpu) >= count]
     if missing:
         return (f"--gpus {given}: this machine has {count} GPU(s), indices 0 to {count - 1}; "
-                f"no GPU {', '.join(missing)}")  # fmt: skip
+                f"no GPU {', '.join(missing)}")
     return None
 
 
@@ -746,29 +746,29 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the epilog's lines
-    )  # fmt: skip
+    )
     parser.add_argument("-k", dest="expr", help="the cases (a pytest -k expression)")
     parser.add_argument("--runs", type=parse_runs, default=None, metavar="N", help="runs of each kind. Default: 10")
     parser.add_argument("--plant", type=parse_pct, action="append", default=[], metavar="PCT",
-                        help="a planted slowdown in percent; repeat for several")  # fmt: skip
+                        help="a planted slowdown in percent; repeat for several")
     parser.add_argument("--mode", choices=("host", "gpu"), default=None,
-                        help="how the slowdown is planted (--plant-slowdown's mode). Default: host")  # fmt: skip
+                        help="how the slowdown is planted (--plant-slowdown's mode). Default: host")
     parser.add_argument("--gpus", type=parse_gpus, default=None, metavar="0,1,...",
                         help="run on these GPUs (this machine's GPU indices) at once, one run per GPU at a "
-                             "time; refused where a GPU is not there. Default: one run at a time")  # fmt: skip
+                             "time; refused where a GPU is not there. Default: one run at a time")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where the run files and outputs go. "
-                             "Default: selftest/ (with --from: its folder)")  # fmt: skip
+                             "Default: selftest/ (with --from: its folder)")
     parser.add_argument("--path", default=None, help="what pytest runs. Default: bench/test_experiments.py")
     parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, metavar="PATH",
-                        help="the budgets file the runs are judged with. Default: bench/budgets.toml")  # fmt: skip
+                        help="the budgets file the runs are judged with. Default: bench/budgets.toml")
     parser.add_argument("--resume", action="store_true",
-                        help="keep the runs already complete in --out; run only the rest")  # fmt: skip
+                        help="keep the runs already complete in --out; run only the rest")
     parser.add_argument("--stop-after", type=parse_seconds, default=None, metavar="SECONDS",
                         help="start no run that would end later than this (judged by the longest run so far); "
-                             "exit 3, to go on with --resume")  # fmt: skip
+                             "exit 3, to go on with --resume")
     parser.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
-                        help="do not run: analyse the run files already in DIR")  # fmt: skip
+                        help="do not run: analyse the run files already in DIR")
     return parser
 
 
@@ -779,7 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, pytest_args = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: for pytest
     running = (("-k", args.expr), ("--runs", args.runs), ("--plant", args.plant), ("--mode", args.mode),
                ("--path", args.path), ("--gpus", args.gpus), ("--resume", args.resume),
-               ("--stop-after", args.stop_after), ("pytest arguments", pytest_args))  # fmt: skip
+               ("--stop-after", args.stop_after), ("pytest arguments", pytest_args))
     running_only = [name for name, given in running if given not in (None, False, [])]  # -k "": every case
     if args.from_dir is not None and running_only:
         parser.error(f"--from analyses runs already made: {', '.join(running_only)} do not apply")
@@ -797,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             paths = run_campaign(out, args.path or "bench/test_experiments.py", args.expr, args.runs or 10,
                                  args.plant, args.mode or "host", pytest_args, args.gpus or (),
-                                 resume=args.resume, stop_after=args.stop_after)  # fmt: skip
+                                 resume=args.resume, stop_after=args.stop_after)
         campaign = load_campaign(paths)
         results = analyse(campaign.aa_runs, campaign.planted_runs, budgets)
     except CampaignStopped as exc:

@@ -46,7 +46,7 @@ def best_variant(records: Iterable[Mapping[str, Any]], max_drop: float) -> Mappi
     """The record with the most samples/s at its largest batch among those whose
     accuracy drop is known and at most `max_drop`."""
     within = [r for r in records if isinstance(r.get("accuracy_drop"), (int, float)) and r["accuracy_drop"] <= max_drop
-              and largest_batch(r) is not None]  # fmt: skip
+              and largest_batch(r) is not None]
     return max(within, key=lambda r: largest_batch(r)[1], default=None)  # type: ignore[index]
 
 
@@ -74,12 +74,12 @@ def serving_rows(records: Iterable[Mapping[str, Any]], max_drop: float = DEFAULT
             speedup = best.get("speedup")
             best_cells = [f"{best.get('variant')} {best.get('impl')}",
                           f"{speedup:.2f}x" if isinstance(speedup, (int, float)) else "n/a",
-                          f"{best['accuracy_drop'] * 100:+.2f}"]  # fmt: skip
+                          f"{best['accuracy_drop'] * 100:+.2f}"]
         else:
             best_cells = ["none within the limit", "", ""]
         rows.append([case, *latencies,
                      f"{ref_batch[1] / 1e6:.1f} M at {ref_batch[0]}" if ref_batch else "n/a",
-                     *best_cells, f"{_energy(reference)} / {_energy(best)}"])  # fmt: skip
+                     *best_cells, f"{_energy(reference)} / {_energy(best)}"])
     return rows
 
 
@@ -87,7 +87,7 @@ def serving_markdown(records: Iterable[Mapping[str, Any]], title: str, max_drop:
     """``serving.md``: the per-configuration table and what its columns mean."""
     records = list(records)
     headers = ["case", *(f"fp32 batch-1 p50 / p99 µs: {impl}" for impl in IMPLS), "fp32 samples/s (torch)",
-               f"best within {max_drop * 100:g} pt", "speed-up", "drop (pts)", "mJ per 1k: fp32 torch / best"]  # fmt: skip
+               f"best within {max_drop * 100:g} pt", "speed-up", "drop (pts)", "mJ per 1k: fp32 torch / best"]
     note = (f"{len(records)} serving records. Batch-1 latency from a CUDA graph where one was measured, else "
             "eager (in brackets), p99 over all calls (budgets judge the median of the rounds' p99s). Samples/s at "
             "the largest batch measured; the best variant x implementation is the one with the most samples/s "

@@ -41,7 +41,7 @@ from kernels.plan.tuning import write_table
 def print_dry_run(result: dict[str, Any]) -> None:
     for r in result["rows"]:
         print(f"{r['key']:42s} M={r['M']:5d} N={r['N']:5d} K={r['K']:5d}  {r['candidates']:3d} candidates, "
-              f"{r['new_compiles']:3d} new compilations")  # fmt: skip
+              f"{r['new_compiles']:3d} new compilations")
     b, n = result["before"], result["now"]
     print(f"\n{result['sm_count']} SMs; counts before -> now:")
     for name, what in (
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES))
     parser.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS))
     parser.add_argument("--experiments", action="store_true",
-                        help="only the batch x width pairs the five experiments train (what first-use tuning covers)")  # fmt: skip
+                        help="only the batch x width pairs the five experiments train (what first-use tuning covers)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--merge", nargs="+", metavar="TABLE", help="merge these table files into --out; measures nothing")
     parser.add_argument("--from-cache", metavar="CACHE", help="write a first-use tuning cache file's groups into --out; measures nothing")

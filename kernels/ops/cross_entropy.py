@@ -30,7 +30,7 @@ MAX_CLASSES = TILE
 def _cross_entropy_kernel(
     x_ptr, t_ptr, loss_ptr, dx_ptr, B, C, inv_b,
     ROWS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, ATOMIC: tl.constexpr,
-):  # fmt: skip
+):
     first = tl.program_id(0).to(tl.int64) * ROWS
     cols = tl.arange(0, BLOCK_C)
     col_ok = cols[None, :] < C
@@ -68,7 +68,7 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch
         logits, target, loss, dx, B, C, 1.0 / B,
         ROWS=ROWS_PER_PROGRAM, BLOCK_ROWS=max(1, TILE // block_c), BLOCK_C=block_c, ATOMIC=programs > 1,
         num_warps=4,
-    )  # fmt: skip
+    )
     return loss, dx
 
 

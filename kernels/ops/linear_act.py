@@ -58,7 +58,7 @@ from kernels.plan.launches import launch_report  # noqa: F401
 def _epilogue(
     acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope,
     ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
-):  # fmt: skip
+):
     """The forward's epilogue, while the accumulator is still fp32: bias, activation,
     Y stored in its dtype and, for silu, the pre-activation Z."""
     z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
@@ -93,7 +93,7 @@ def _forward_kernel(
     # Meta-parameters
     ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-):  # fmt: skip
+):
     pid_m, pid_n = _tile_ids(tl.program_id(0).to(tl.int64), M, N, BLOCK_M, BLOCK_N, GROUP)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -119,7 +119,7 @@ def _forward_gemv_kernel(
     slope,
     ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+):
     """The gemv route's forward, for a few rows: each program a strip of BLOCK_N output
     columns for all BLOCK_M rows, products on the FMA units in fp32 (W rounded to X's
     dtype first, as the tensor-core kernel does), the same epilogue."""
@@ -152,7 +152,7 @@ def _input_grad_kernel(
     # Meta-parameters
     ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-):  # fmt: skip
+):
     pid_m, pid_k = _tile_ids(tl.program_id(0).to(tl.int64), M, K, BLOCK_M, BLOCK_K, GROUP)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -187,7 +187,7 @@ def _weight_grad_kernel(
     # Meta-parameters
     ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-):  # fmt: skip
+):
     pid_n, pid_k = _tile_ids(tl.program_id(0).to(tl.int64), N, K, BLOCK_N, BLOCK_K, GROUP)
     split = tl.program_id(1).to(tl.int64)  # 0 without split-K
     m_first = split * m_per_split
@@ -253,7 +253,7 @@ def _split_sum_kernel(ws_ptr, dw_ptr, db_ptr, S, N, K, stride_split, stride_wn, 
 def _bias_act_kernel(
     z_ptr, b_ptr, y_ptr, M, N, stride_zm, stride_zn, stride_ym, stride_yn, slope,
     ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+):
     """The cuBLAS route's forward epilogue: Y = act(Z + b) from torch.mm's Z; for silu
     Z + b (the pre-activation the backward needs) is written back over Z."""
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -272,7 +272,7 @@ def _bias_act_kernel(
 def _act_grad_kernel(
     dy_ptr, s_ptr, dz_ptr, db_ptr, M, N, stride_dm, stride_dn, stride_zm, stride_zn, slope,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+):
     """The cuBLAS route's backward prologue: dZ (in the GEMM's dtype) and db, each
     program a strip of columns walking the batch, so db is one compensated sum in a
     fixed order, as in the fused weight-gradient kernel."""
@@ -353,7 +353,7 @@ def _forward(
             _bias_act_kernel, plan.grid,
             z, b, y, M, N, *z.stride(), *y.stride(), LEAKY_SLOPE,
             ACTIVATION=activation, SAVE_Z=save_z, BLOCK_M=EPILOGUE_BLOCK[0], BLOCK_N=EPILOGUE_BLOCK[1],
-        )  # fmt: skip
+        )
         return y, z if save_z else None
     z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else None
     if cfg.backend == GEMV:
@@ -363,7 +363,7 @@ def _forward(
             *x.stride(), *w.stride(), *y.stride(), LEAKY_SLOPE,
             ACTIVATION=activation, SAVE_Z=save_z, BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        )
         return y, z
     launch(
         _forward_kernel, plan.grid,
@@ -372,14 +372,14 @@ def _forward(
         ACTIVATION=activation, SAVE_Z=save_z, PRECISION=precision,
         BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red, GROUP=cfg.group,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    )
     return y, z
 
 
 def _backward(
     dy: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, w: torch.Tensor, activation: int, input_grad: bool,
     precision: str, act_class: str, launch: Any,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """dX (None unless `input_grad`), dW and db, from dY and the saved Y (or Z for silu)."""
     dy = dy.contiguous()
     M, K = x.shape
@@ -400,7 +400,7 @@ def _backward(
             _act_grad_kernel, (cdiv(N, GRAD_BLOCK[1]),),
             dy, saved, dz, db, M, N, *dy.stride(), *dz.stride(), LEAKY_SLOPE,
             ACTIVATION=activation, BLOCK_M=GRAD_BLOCK[0], BLOCK_N=GRAD_BLOCK[1],
-        )  # fmt: skip
+        )
     cfg = dw_plan.cfg
     if cfg.backend == CUBLAS:
         dw = torch.mm(dz.t(), x)  # db came with dz
@@ -417,12 +417,12 @@ def _backward(
             ACTIVATION=activation, PRECISION=precision, SPLIT=split,
             BLOCK_M=cfg.block_red, BLOCK_N=cfg.block_r, BLOCK_K=cfg.block_c, GROUP=cfg.group,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        )
         if split:
             launch(
                 _split_sum_kernel, dw_plan.sum_grid,
                 ws, dw, db, dw_plan.splits, N, K, ws.stride(0), *dw.stride(), BLOCK=SUM_BLOCK,
-            )  # fmt: skip
+            )
     if dx_plan is None:
         return None, dw, db
     cfg = dx_plan.cfg
@@ -436,7 +436,7 @@ def _backward(
         ACTIVATION=activation, PRECISION=precision,
         BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_red, BLOCK_K=cfg.block_c, GROUP=cfg.group,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    )
     return dx, dw, db
 
 
@@ -552,7 +552,7 @@ def _eager(*tensors: torch.Tensor) -> bool:
     dispatch mode (fake tensors, make_fx, FlopCounter) that must see the op."""
     return (
         all(type(t) in _PLAIN for t in tensors) and not torch.compiler.is_compiling() and not in_dispatch_mode()
-    )  # fmt: skip
+    )
 
 
 def _autocast_input(x: torch.Tensor) -> torch.Tensor:

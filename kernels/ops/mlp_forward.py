@@ -109,7 +109,7 @@ def _step(
     src, w_ptr, b_ptr, dst, x_ptr, M, N, K, slope, pid, programs, tag,
     IN_PACKED: tl.constexpr, OUT_PACKED: tl.constexpr, FITS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+):
     """dst[:M, strips] = act(src[:M] @ W.T + b) for this program's strips of BLOCK_N
     columns (every `programs`-th one). Where every layer fits one strip and one
     reduction step (FITS), the strips of W and b are loaded before the input is waited
@@ -143,7 +143,7 @@ def _mlp_forward_kernel(
     LAYERS: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr,
     A4: tl.constexpr, A5: tl.constexpr, FITS: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+):
     """Layer i reads scratch row i - 1 (X for i = 0) and writes scratch row i (Y for the
     last), rows `row` words apart; epochs holds the slot's MAX_PROGRAMS epochs."""
     pid = tl.program_id(0)
@@ -284,8 +284,8 @@ def fused_forward(
         LAYERS=layers, A0=acts[0], A1=acts[1], A2=acts[2], A3=acts[3], A4=acts[4], A5=acts[5],
         FITS=plan.fits, MAX_PROGRAMS=MAX_PROGRAMS, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         num_warps=4 if plan.block_m * plan.block_n * plan.block_k <= MAX_TILE else 8,
-    )  # fmt: skip
+    )
     LAUNCHES[(rows, tuple(widths), str(x.dtype).removeprefix("torch."))] = {
         "programs": plan.programs, "tile": plan.describe(),
-    }  # fmt: skip
+    }
     return y

@@ -64,7 +64,7 @@ def _adam_kernel(
     param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, step_ptr, n,
     LR: tl.constexpr, BETA1: tl.constexpr, BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr,
     LOG2_BETA2: tl.constexpr, EPS: tl.constexpr, WEIGHT_DECAY: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     offs, mask = _block(n, BLOCK)
     step = _next_step(step_ptr)
     step_size = (LR / (1.0 - tl.exp2(step * LOG2_BETA1))).to(tl.float32)  # lr / (1 - beta1^step)
@@ -84,7 +84,7 @@ def _adam_kernel(
 def _sgd_kernel(
     param_ptr, grad_ptr, buf_ptr, step_ptr, n,
     LR: tl.constexpr, MOMENTUM: tl.constexpr, WEIGHT_DECAY: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     offs, mask = _block(n, BLOCK)
     _next_step(step_ptr)
     p = tl.load(param_ptr + offs, mask=mask)
@@ -98,7 +98,7 @@ def _sgd_kernel(
 def _adagrad_kernel(
     param_ptr, grad_ptr, sum_ptr, step_ptr, n,
     LR: tl.constexpr, LR_DECAY: tl.constexpr, EPS: tl.constexpr, WEIGHT_DECAY: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     offs, mask = _block(n, BLOCK)
     step = _next_step(step_ptr)
     clr = (LR / (1.0 + (step - 1.0) * LR_DECAY)).to(tl.float32)
@@ -113,7 +113,7 @@ def _adagrad_kernel(
 def _rmsprop_kernel(
     param_ptr, grad_ptr, square_avg_ptr, step_ptr, n,
     LR: tl.constexpr, ALPHA: tl.constexpr, EPS: tl.constexpr, WEIGHT_DECAY: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     offs, mask = _block(n, BLOCK)
     _next_step(step_ptr)
     p = tl.load(param_ptr + offs, mask=mask)
@@ -225,5 +225,5 @@ class FlatOptimizer(torch.optim.Optimizer):
         KERNELS[self.algorithm][(len(state["step"]),)](
             flat, flat.grad, *buffers, state["step"], flat.numel(),
             **_constants(self.algorithm, self.param_groups[0]), BLOCK=BLOCK, num_warps=NUM_WARPS,
-        )  # fmt: skip
+        )
         return loss

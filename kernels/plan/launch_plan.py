@@ -163,7 +163,7 @@ def heuristic_config(rows: int, cols: int, reduction: int, dtype: torch.dtype) -
 TILES = [
     (16, 64, 4, 3), (32, 32, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3),
     (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3),
-]  # fmt: skip
+]
 REDUCTION_STEPS = {torch.float32: (16, 32), torch.bfloat16: (32, 64), torch.float16: (32, 64)}
 SPLITS = (2, 4, 8, 16)
 # Occupancy rule: where some candidate tile gives at least one program per SM, a

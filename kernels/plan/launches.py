@@ -222,7 +222,7 @@ class Launches:
     def resolve(
         self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device,
         busy: str | None, precision: str, act_class: str,
-    ) -> tuple[LaunchConfig, str, str | None, bool]:  # fmt: skip
+    ) -> tuple[LaunchConfig, str, str | None, bool]:
         """(config, source, note, final). Not final: the heuristic stood in for a
         tuning that could not run now (`busy` says why); the next call asks again."""
         gpu = self.model(device)
@@ -249,7 +249,7 @@ class Launches:
     def tune(
         self, kernel: str, rows: int, cols: int, red: int, dtype: torch.dtype, device: torch.device,
         measure: Measure, precision: str, act_class: str,
-    ) -> tuple[LaunchConfig | None, str | None]:  # fmt: skip
+    ) -> tuple[LaunchConfig | None, str | None]:
         """Compile every candidate at once, time each briefly, time the finalists
         properly, keep the fastest in the cache; one progress line."""
         gpu, key = self.model(device), shape_key(kernel, rows, cols, red, dtype, precision, act_class)
@@ -477,7 +477,7 @@ def plan_for(
 def launch_config(
     kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, device: torch.device | str | None = None,
     activation: int | str = "leaky_relu",
-) -> LaunchConfig:  # fmt: skip
+) -> LaunchConfig:
     """The tile `kernel` uses for a `rows` x `cols` output reducing over `reduction`
     (at the current float32 matmul precision): what this process already uses for the
     shape, else table, cache or heuristic. It never tunes (only a call of the op does)."""
@@ -606,7 +606,7 @@ def time_launch(
     device: torch.device | None = None, calls: int | None = None, replays: int | None = None,
     timer: Callable[[Callable[[], object]], float] | None = None,
     activation: str = "leaky_relu", quick: bool = False,
-) -> float:  # fmt: skip
+) -> float:
     """Milliseconds per call of `kernel` (with `cfg`) at layer shape (M, N, K), from
     CUDA-graph replay (`replay_ms`; tests pass another `timer`), with QUICK_TIMING or
     FULL_TIMING unless `calls` and `replays` say otherwise. 'dx' is timed with 'dw' (one
@@ -641,7 +641,7 @@ COMPILE_THREADS = env.read("LOADBENCH_TUNE_THREADS")
 def precompile(
     kernel: str, m: int, n: int, k: int, dtype: torch.dtype, cfgs: list[LaunchConfig], device: torch.device,
     activation: str = "leaky_relu", threads: int | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Compile every candidate's kernels for layer (M, N, K) at once, before any is
     timed: the same code path as a call, with each launch replaced by Triton's
     `warmup` (compile, no launch) under AsyncCompileMode, so the compiles run in

@@ -127,7 +127,7 @@ def launch(fn: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     kernel.run(
         grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, kernel.function,
         kernel.packed_metadata, metadata, enter, leave, *values,
-    )  # fmt: skip
+    )
 
 
 def cached_signatures() -> int:
