@@ -1,21 +1,14 @@
 """Serving every case of the five experiments: each compression variant through each
 implementation (eager torch, torch.compile, our fused forward kernel 'triton').
 
-The case's model is trained at the run's profile once and kept on disk
-(model.inference.trained_model; under the benchmark storage's `trained-models/`, or
-$LOADBENCH_MODEL_CACHE), then compressed and measured by model.inference.evaluate:
-batch-1 latency (pytest-benchmark's pedantic times the primary mode: the CUDA-graph
-replay on a GPU, the eager call on a CPU), throughput at batch 512 and 4096, energy
-per 1,000 inferences from the NVML counter, accuracy and macro-F1 of the callable
-that was timed, its drop and speed-up against the case's fp32 model, and the GPU
-load over the case from the load monitor. Budgets (`[inference]` tables) and the
-baseline compare of the p99 are asserted inside the test.
-
-The smoke profile (the CPU check) serves the optimal configuration once, eager only:
-torch.compile would spend its time building C++ and the Triton interpreter about
-20 s a step, neither of which says anything about serving. A variant this machine
-cannot run (fp8 below sm_89, 2:4 without a GPU, torchao missing, a quantized tensor
-through the fused kernel) is skipped with the reason.
+The case's model is trained once at the run's profile and kept on disk, then
+compressed and measured by model.inference.evaluate: batch-1 latency (pytest-benchmark's
+pedantic times the primary mode: the CUDA-graph replay on a GPU, the eager call on a
+CPU), throughput, energy per 1,000 inferences, accuracy and macro-F1 of the callable that
+was timed and their drop against the case's fp32 model, and the GPU load. Budgets and
+the baseline's p99 are judged inside the test (bench/gate/judge.py). The smoke profile
+serves the optimal configuration once, eagerly; a variant this machine cannot run is
+skipped with the reason. More: docs/serving.md.
 """
 
 from __future__ import annotations

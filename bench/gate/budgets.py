@@ -1,33 +1,17 @@
 """Budgets: a TOML file of floors, ceilings and baseline limits, resolved per case.
 
-Layout (every table optional; later ones override earlier ones):
+Tables, each optional, later ones overriding earlier ones: ``[defaults]``,
+``[experiments.<name>]``, ``[cases."<case id>"]``, the same under
+``[profiles.<profile>]``, and all of that again under ``[datasets.<dataset>]``. Floors
+and ceilings (accuracy, F1, memory, energy) hold only for the data they were set on, so
+they live under ``[datasets.<name>]``; accuracy and F1 floors also hold only for the
+profile's epochs. Limits against a baseline (time, drops, growth) apply to any data.
+Serving has its own ``[inference]`` tables at the same places.
 
-    [defaults]                      every profile, every case
-    [experiments.<name>]            e.g. [experiments.opt]
-    [cases."<case id>"]             e.g. [cases."opt-rmsprop"]
-    [profiles.<profile>.defaults]   then .experiments.<name>, then .cases."<id>"
-    [datasets.<dataset>. ...]       the same six levels again, for one dataset
-
-Floors and ceilings (accuracy, F1, memory, energy) only mean something for the
-data they were set on, so they live under ``[datasets.<name>]`` only: ``synthetic``
-for the embedded generator, a CSV's file name (``[datasets."frames.csv"]``) for a
-user's data. A dataset the file does not name gets no floors or ceilings, and the
-summary says so; limits against a baseline (time, drops, growth) apply to any data.
-Accuracy and F1 floors also hold for one training length, the profile's epochs: a run
-with other ``--epochs`` is not judged by them, and its verdicts and summary say so.
-
-Serving (bench/test_inference.py) has its own limits in ``[inference]`` tables, at
-the same places a ``defaults`` table may stand (top level, ``profiles.P``,
-``datasets.D``, ``datasets.D.profiles.P``): ``inference.defaults``, then
-``inference.variants."<variant>"``, then ``inference.cases."<case id>"``. Ceilings and
-floors on speed (``latency_p99_us_max``, ``throughput_4096_min``) hold for one dataset
-and machine class, so only under ``[datasets.<name>]``.
-
-Each check is a pure function of the case's record and returns a `Failure` (or
-None); the fixture raises them inside the test, so exactly that test fails and its
-record is still saved. Anything the file says that is not understood is a start-up
-error: a key, table, experiment, case id or profile that does not exist, or a value
-of the wrong type.
+Each check is a pure function of the case's record returning a `Failure` or None.
+Anything the file says that is not understood (a key, table, experiment, case id or
+profile that does not exist, a value of the wrong type) is a start-up error. The full
+layout: docs/options.md and docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """Kernel traces: explain a time regression down to the kernel.
 
-After a case's timed training, `profile_epochs` runs a few more (steady) epochs under
-``torch.profiler`` and keeps, per kernel name, the calls per epoch and the device time
-per epoch: on a GPU the device-side events (CUDA kernels, memcpy and memset, each with
-its self device time), on a CPU the ``aten::`` ops with their self CPU time, so that CI
-without a GPU runs the same path. The result is a `KernelTable`, small enough to store
-in pytest-benchmark's ``extra_info`` (`KernelTable.to_dict`: the top `MAX_ROWS` rows
-plus one 'other' row summing the rest, with an 8-hex-digit CRC-32 of each name it
-folds, so that a kernel below the top rows is not mistaken for a new one). When a
-case regresses against a baseline that holds a table, `diff` lists the kernels whose
-time per epoch grew most and `describe` writes one line for each.
-
-The profiling itself is torch.profiler's (activities, kernel correlation, event
-times); what is written by hand here is only the aggregation of its per-name averages
-into per-epoch rows; the table, its compact JSON form and the diff are in
-bench/gate/kernel_table.py, which the gate reads without torch.
-
-Usage from the harness, after the timed rounds and before the trainer is released::
+After a case's timed training, `profile_trainer` runs a few more steady epochs under
+torch.profiler and keeps, per kernel name, the calls and the device time per epoch: on
+a GPU the device-side events, on a CPU the ``aten::`` ops with their self CPU time, so
+CI runs the same path. The result is a `KernelTable` (bench/gate/kernel_table.py, which
+also holds its compact JSON form and the diff the gate reads without torch).
 
     table = profile_trainer(trainer)              # precision mode and train mode of the case
     extra_info["kernel_trace"] = table.to_dict()
-    ...
-    then = KernelTable.from_dict(baseline_extra_info["kernel_trace"])  # ValueError if malformed
-    lines = describe(diff(table, then, top=5))
+
+Written by hand here: only the aggregation of torch.profiler's per-name averages into
+per-epoch rows.
 """
 
 from __future__ import annotations

@@ -2,18 +2,13 @@
 
     python -m bench.tools.bisect GOOD BAD -k CASE [--path PATH] [--repo REPO] [-- PYTEST ARGS...]
 
-Runs the case at GOOD to make the baseline and checks that it fails at BAD against
-that baseline (otherwise there is nothing to bisect), then drives ``git bisect run``
-with a step that runs the case against the baseline (``--benchmark-compare``): a step whose
-pytest passes is good, one whose test fails (budget or baseline gate) is bad, and one
-where the suite cannot run (usage, internal or collection error, no test selected) is
-skipped. Prints the first bad commit and the skipped ones, and leaves the repository as it
-found it (``git bisect reset``).
-
-The step is bench/tools/bisect_step.py, copied out of the repository before the first
-checkout: its logic is this tool's at every commit, the code it tests is the commit's
-(REPO first on PYTHONPATH). git bisect does the search; this module only supplies the step
-and the baseline.
+Runs the case at GOOD to make the baseline, checks that it fails at BAD against it, then
+drives ``git bisect run`` with a step that runs the case against the baseline: pytest
+passing is good, a failed test is bad, a suite that cannot run (usage, internal or
+collection error, no test selected) is skipped. The step (bench/tools/bisect_step.py) is
+copied out of the repository before the first checkout, so its logic is this tool's at
+every commit while the code it tests is the commit's (REPO first on PYTHONPATH). Prints
+the first bad commit and the skipped ones, and leaves the repository as it found it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """The CI jobs as one command: `python -m bench.tools.ci pr|main|nightly`.
 
 Each mode finds main's stored history (a folder on the runner, or a git data branch
-shared by several runners), picks the newest run of main measured like this one (same
-GPU model, profile and epochs, nothing planted) as the baseline, runs its tier of the
-bench against it, and then:
-
-- writes the job summary from the gate's own verdicts (each case's
-  ``extra_info["verdict"]``: ok, regressed with the rule and numbers, not gated and why)
-  and from pytest's JUnit report, so a test that failed before it had a verdict (an
-  error, out of memory) is named too, never reported as ok;
-- builds ``history.html`` from main's stored runs plus this run;
-- `main` stores the run as main's newest (folder or data branch);
-- exits with pytest's status: non-zero when the gate or any test failed.
-
-The workflows only call this; its logic is tested on a CPU (tests/test_ci.py).
+shared by several runners), takes the newest run of main measured like this one as the
+baseline, runs its tier of the bench against it, writes the job summary from the gate's
+own verdicts and pytest's JUnit report (a test that failed before it had a verdict is
+named, never reported as ok), builds ``history.html`` from main's runs plus this one,
+and exits with pytest's status. `main` also stores the run as main's newest. The
+workflows only call this; tests/test_ci.py drives it on a CPU.
 """
 
 from __future__ import annotations

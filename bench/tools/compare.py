@@ -4,18 +4,12 @@
     python -m bench.tools.compare OLD NEW --json --out verdicts.json
     python -m bench.tools.compare --export bencher bmf.json NEW   # NEW's figures only, no judgement
 
-OLD and NEW are run files: a pytest-benchmark storage file (.benchmarks/<machine>/0001_x.json),
-a --benchmark-json file or a run.partial.json. Each case of NEW (training cases and serving
-records, matched by the benchmark's fullname) is judged against OLD's record of it exactly as
-the fixture and the serving test judge a case against --benchmark-compare's baseline: limits
-against the baseline from the budgets (time against the case's run-to-run noise, accuracy
-and F1 drops, memory and energy growth; a serving record's batch-1 p99 and a trade-off
-variant's drop growth), with the noise history read from the other runs beside OLD. Two runs
-that did not measure the same thing (another GPU model, profile, epochs, dataset, loop,
-implementation, precision, planted slowdown or latency pin) are shown, not gated.
-
-pytest-benchmark's own `pytest-benchmark compare` shows the time statistics of saved runs
-but judges nothing and keeps no extra_info rules, hence this command.
+OLD and NEW are run files (pytest-benchmark storage, --benchmark-json, run.partial.json).
+Each case of NEW is judged against OLD's record of it through the gate's one judge, as
+the fixture and the serving test judge against --benchmark-compare's baseline, with the
+noise history read from the runs beside OLD; two runs that did not measure the same
+thing are shown, not gated. pytest-benchmark's own compare judges nothing of extra_info,
+hence this command.
 """
 
 from __future__ import annotations

@@ -4,20 +4,12 @@
     python -m bench.tools.databranch pull --repo origin --out history/ [--gpu "NVIDIA H100 80GB HBM3"]
     python -m bench.tools.databranch build --repo origin --out site/ [--extra pr-run.json]
 
-The way github-action-benchmark and asv publish results: every runner commits its run to
-one branch (default ``bench-data``) that holds no code, so a re-imaged runner loses
-nothing and runners with different GPU models share one history. The branch holds
-``runs/<gpu-slug>/<datetime>_<commit8>_<runner>.json`` (the datetime is the run's own,
-to the second, in UTC) and, when ``push --series`` is given, the run's series thinned
-to at most 500 rows under ``series/<the run's file stem>/``. Names never collide, so two
-runners pushing at once only race for the branch tip: a rejected push is redone on the
-new tip (a fresh shallow fetch, the run committed again: a rebase of one commit) after
-a short back-off, up to ``--attempts`` times. Every git command runs in a temporary
-clone; the caller's checkout is only read (``--repo origin`` takes that remote's URL).
-
-Exit status: 0 done; 1 the push was rejected on every attempt, or nothing to report;
-2 bad input (a file that is not an mlp-loadbench run, a missing folder) or a repository
-that cannot be reached, before anything is pushed.
+Every runner commits its run to one branch (default ``bench-data``) holding no code, as
+github-action-benchmark and asv publish results: ``runs/<gpu-slug>/<datetime>_<commit8>_
+<runner>.json``. Names never collide, so runners pushing at once only race for the tip,
+and a rejected push is redone on the new tip. Every git command runs in a temporary
+clone. Exit status: 0 done; 1 the push was rejected on every attempt, or nothing to
+report; 2 bad input or an unreachable repository, before anything is pushed.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
-"""The report's history page, ``history.html``: interactive trends of every case across
-the stored runs, one section per GPU model, drawn with Plotly.
+"""The report's history page, ``history.html``: trends of every case across the stored
+runs, one section per GPU model, drawn with Plotly.
 
-Each section holds the runs of one GPU model (runs on different models are never one
-line), a table of the regressions the gate's rules flag, each run judged against the
-newest earlier run that measured the same thing (compare.same_measurement: a planted
-run or one with other settings is judged only against its like), and one chart per
-metric with a line per case in the study's order. Runs with other settings than the
-section's newest run (a planted slowdown, another profile or epoch count) are drawn
-with hollow markers on lines of their own, named on the x axis and listed above the
-charts. Hovering a point shows its case, commit, date, value and change against the
-run it was judged against; a red x marks a regression, and hovering it names the rule.
-A metric whose values span more than ``LOG_RATIO`` times is drawn on a log axis.
-Plotly's legend hides a case on click and shows only it on double-click. The page is
-one self-contained file: plotly.js is embedded once (in the first chart), so it opens
-from disk or from a CI artifact with no network.
-
-Hand-written here, beside what Plotly writes: the page's HTML and CSS around the
-charts (the run summary and the regression tables are plain HTML tables), and one
-short JavaScript function, ``lbPick``, behind the two <select>s of each section
-(experiment, case). It shows only the chosen lines through ``Plotly.restyle`` on every
-chart of the section and hides the regression rows of other cases. Plotly has
-dropdown menus of its own (updatemenus), but one per chart, each listing every
-combination of traces; one pair of plain selects for the whole section is shorter and
-drives all its charts at once.
+Each section holds a table of the regressions the gate's rules flag (each run judged
+against the newest earlier run that measured the same thing) and one chart per metric
+with a line per case. Runs with other settings than the section's newest (a planted
+slowdown, another profile or epoch count) are drawn hollow on lines of their own; a
+metric spanning more than ``LOG_RATIO`` times gets a log axis. The page is one
+self-contained file (plotly.js embedded once). Written by hand beside Plotly's output:
+the HTML and CSS around the charts and ``lbPick``, one JavaScript function behind the
+section's two selects (one pair drives every chart of a section, where Plotly's own
+menus are one per chart).
 """
 
 from __future__ import annotations
@@ -193,7 +180,7 @@ def _stamps(runs: Sequence[Run]) -> list[tuple[str, str]]:
 
 
 def run_labels(runs: Sequence[Run], planted: bool = True) -> list[str]:
-    """'c0000004 2999-01-05 10:00:00' per run, with ' #1', ' #2' on reruns of a commit made
+    """'<commit8> 2999-01-05 10:00:00' per run, with ' #1', ' #2' on reruns of a commit made
     within one second, and (with `planted`) ', planted +150% (host)' on a planted run:
     unique within `runs`."""
     stamps = [f"{r.commit} {r.datetime[:19].replace('T', ' ')}" for r in runs]

@@ -3,26 +3,14 @@
     python -m bench.tools.report                       # every run in .benchmarks
     python -m bench.tools.report --storage DIR --out reports/
     python -m bench.tools.report run1.json run2.json   # given run files
-    python -m bench.tools.report --search search/search.json   # with a search's front
 
-Writes into --out: ``tables.md``, ``<experiment>.png`` (resources over the run, one
-line per value, smoothed), ``pareto.png``, ``inference.png`` (accuracy against batch-1
-p99 latency and against energy per 1,000 inferences of the serving records of the
-newest serving run's commit and GPU model, from every run given that shares both, or
-of the commits ``--serving-commits`` names) with
-``serving.md`` (their table, a row per configuration: bench.tools.serving),
-``search-<study>.png`` per ``--search`` JSON (``python -m bench.search``),
-``history.html`` (interactive, drawn by
-bench.tools.history with Plotly; self-contained: plotly.js embedded) and ``summary.md``
-(fit for a CI job summary). The tables, figures and Pareto view describe the newest
-run; the history covers every run read, one section per GPU model. Each run is judged
-by the gate's rules against the newest earlier run that measured the same thing
-(compare.same_measurement: one GPU model, the same profile, epochs, dataset, loop,
-implementation, precision, planted slowdown...), so a run made with --plant-slowdown
-or other settings is never judged against an ordinary one; a run with no such earlier
-run is "not gated" and the summary says why. Cases are listed
-in the study's order everywhere (bench.cases.study_order). Every file is written to a
-temporary name and renamed, so a report is never half-written.
+Writes into --out ``tables.md``, a resource figure per experiment, ``pareto.png``,
+``inference.png`` with ``serving.md``, ``search-<study>.png`` per ``--search`` JSON,
+``history.html`` (bench.tools.history) and ``summary.md`` for a CI job summary. Each run
+is judged by the gate's rules against the newest earlier run that measured the same
+thing, so a planted or other-settings run is never judged against an ordinary one.
+Every file is written to a temporary name and renamed. The outputs in full:
+docs/reports.md.
 """
 
 from __future__ import annotations
@@ -478,7 +466,7 @@ def nothing_to_report(paths: Sequence[Path], warnings: list[str]) -> str:
 
 
 def commit_list(value: str) -> tuple[str, ...]:
-    """'a5dff88,8f2f88c': commit ids or prefixes of at least 4 hex digits."""
+    """'<commit>,<commit>': commit ids or prefixes of at least 4 hex digits."""
     commits = tuple(c.strip() for c in value.split(",") if c.strip())
     bad = [c for c in commits if len(c) < 4 or any(ch not in "0123456789abcdef" for ch in c.lower())]
     if not commits or bad:

@@ -2,65 +2,15 @@
 often it catches a planted slowdown, and which per-case budget keeps it quiet.
 
     python -m bench.tools.selftest -k EXPR [--runs N] [--plant PCT ...] [--mode host|gpu]
-                                   [--gpus 0,1,...] [--out DIR] [--path PATH] [--budgets PATH]
-                                   [--resume] [--stop-after SECONDS] [-- PYTEST ARGS...]
+                                   [--gpus 0,1,...] [--out DIR] [--resume] [-- PYTEST ARGS...]
     python -m bench.tools.selftest --from DIR [--out DIR] [--budgets PATH]
 
-e.g. ``python -m bench.tools.selftest -k "units or batch" --runs 10 --plant 5 --plant 15
---mode gpu --out selftest/``.
-
-Running: the chosen cases run N times as they are (A/A), then N times for each planted
-slowdown X (``--plant-slowdown=X:MODE``, inside every timed epoch), each run one
-``python -m pytest PATH -k EXPR -p no:cacheprovider -q --benchmark-json=...`` in the
-current directory with the arguments after ``--``. With ``--gpus 0,1``, one lane per
-GPU takes the next run of that order as it frees, each pytest seeing only its GPU
-(CUDA_VISIBLE_DEVICES): the runs share the host as a busy runner's would, and a
-campaign takes a fraction of the time. ``--stop-after S`` starts no run that would end
-after S seconds (exit 3) and ``--resume`` keeps the runs already complete, so a campaign
-can span sessions of limited time. Its output goes to a log beside
-its JSON, its load series under ``OUT/series/<run>/`` unless the arguments name a
-``--series-dir``. A run whose pytest exits 1 (a case broke its own budgets, e.g. an
-accuracy floor) still counts once its JSON is written. ``--budgets`` names the file
-the analysis judges with; pytest runs get theirs after ``--``.
-
-Run files, as written here and as ``--from DIR`` reads them (so a GPU campaign can run
-pytest itself, several runs at once on several GPUs, and analyse afterwards):
-
-    aa-01.json ... aa-NN.json             A/A runs, in run order (numbered from 01)
-    plantX-01.json ... plantX-NN.json     runs with --plant-slowdown=X[:MODE]; X the percentage
-                                          as written by `{X:02g}`: plant05-01.json, plant15-03.json
-
-All runs must come from one GPU model and the same settings (the gate's own list,
-``compare.HISTORY_SETTINGS``, the plant aside), A/A runs without a plant and each
-plantX run with X; every run must hold the same cases.
-
-Analysis, per case (benchmark fullname), with the gate's own functions
-(``compare.check_time``, ``estimate_noise``, ``time_limit``) and the case's budget from
-the budgets file resolved for the runs' profile and dataset. Histories hold at most the
-newest ``compare.MAX_HISTORY`` runs, as the suite's do.
-
-- false alarms: for i = 2..N, A/A run i judged against run i-1 with history = runs
-  1..i-1; rate = failures / (N - 1).
-- detection at X: each plantX run judged against the last A/A run with history = all
-  A/A runs; rate = failures / (plantX runs).
-- spread: ``estimate_noise`` over all A/A runs (standard deviation of log run medians).
-- largest A/A change: the largest change of the median steady epoch between
-  consecutive A/A runs, either way, as a slowdown: max(r, 1/r) - 1, r = now / before.
-- between cards: where the A/A runs came from several GPUs (``--gpus``; the record's GPU
-  UUID), the median epoch of the slowest card's runs over the fastest's, minus 1: how
-  much of the spread is the cards (a shared runner hands a job any of them).
-- smallest detectable now: ``time_limit(budget, noise of the A/A history)``, the
-  slowdown a run must exceed to fail against these runs.
-- suggested time_slower_pct = max(1.0, k x spread, 1.5 x largest A/A change), in
-  percent, rounded UP to 0.5; k = the budget's time_noise_k or compare.DEFAULT_NOISE_K.
-  None while the spread is unknown (fewer than compare.MIN_NOISE_DOF + 1 run medians).
-
-Writes ``OUT/selftest.md`` (the table, also printed) and ``OUT/suggested-budgets.toml``
-(one ``[profiles.<profile>.cases."<case id>"]`` table per case, loadable by
-``Budgets.load``). Exits 2 with one line on unusable input.
-
-Hand-written: the campaign (naming, checks), the counts, the suggestion and the outputs.
-The verdicts and the noise come from bench.gate (timing, compare) unchanged.
+The chosen cases run N times as they are (A/A), then N times per planted slowdown, each
+run one pytest process writing its own JSON (``--gpus`` runs one lane per GPU). The
+analysis judges every A/A run against the others and every planted run against the A/A
+history with the gate's own rules, and writes ``selftest.md`` (false alarms, catches per
+case) and ``suggested-budgets.toml``. ``--from DIR`` analyses runs made elsewhere. The
+file layout and the analysis in full: docs/reports.md.
 """
 
 from __future__ import annotations
