@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,9 +21,12 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def _not_an_xdist_worker() -> Iterator[None]:
     """The pytest runs a test starts (pytester, subprocesses) are sessions of their own, not
-    xdist workers: pytest-benchmark disables itself where PYTEST_XDIST_WORKER is set."""
-    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
-        monkeypatch.delenv(name, raising=False)
+    xdist workers: pytest-benchmark disables itself where PYTEST_XDIST_WORKER is set. Session
+    scope, so the module-scoped fixtures that start runs see it too."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            patch.delenv(name, raising=False)
+        yield
