@@ -10,14 +10,6 @@ import pytest
 from bench.cases import Case
 from bench.cases import case_ids
 from bench.cases import loop_cases
-from bench.monitor.ceiling import matmul_tflops
-
-
-@pytest.fixture(scope="session")
-def ceiling_tflops(request) -> dict:
-    session = request.config.pluginmanager.get_plugin("loadbench")
-    options = session.options
-    return {"precision": options.precision, "tflops": matmul_tflops(options.device, options.precision)}
 
 
 # Triton's CPU interpreter runs a 512-wide step in about 20 s, and Inductor compiles
@@ -29,7 +21,7 @@ INTERPRETER_DATA_FRACTION = 0.2
 
 
 @pytest.mark.parametrize("case", case_ids(loop_cases()))
-def test_training_loop(loadbench, case: str, ceiling_tflops) -> None:
+def test_training_loop(loadbench, case: str) -> None:
     loop = Case.parse(case)
     cpu = loadbench.session.options.device.type == "cpu"
     slow_on_cpu = {"triton", "compile"} & {loop.changes.get("impl"), loop.changes.get("optimizer_impl")}
@@ -40,8 +32,9 @@ def test_training_loop(loadbench, case: str, ceiling_tflops) -> None:
     finally:
         record = loadbench.benchmark.extra_info
         if "median_epoch_s" in record:
-            roofline = record["cost"]["train_flops_per_epoch"] / (ceiling_tflops["tflops"] * 1e12)
-            record["matmul_ceiling_tflops"] = ceiling_tflops["tflops"]
+            tflops = loadbench.session.ceilings(record["config"]["precision"]).matmul_tflops
+            roofline = record["cost"]["train_flops_per_epoch"] / (tflops * 1e12)
+            record["matmul_ceiling_tflops"] = tflops
             record["roofline_epoch_s"] = roofline
             record["roofline_fraction"] = roofline / record["median_epoch_s"]
             reference = loadbench.session.record_of("loop-reference")

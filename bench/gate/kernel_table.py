@@ -69,6 +69,10 @@ class KernelTable:
     def total_us_per_epoch(self) -> float:
         return sum(r.us_per_epoch for r in self.rows) + (self.other.us_per_epoch if self.other else 0.0)
 
+    @property
+    def total_calls_per_epoch(self) -> float:
+        return sum(r.calls_per_epoch for r in self.rows) + (self.other.calls_per_epoch if self.other else 0.0)
+
     def row(self, name: str) -> KernelRow | None:
         return next((r for r in self.rows if r.name == name), None)
 

@@ -35,6 +35,7 @@ VRAM_PEAK_MIB = "vram_peak_mib"
 RSS_PEAK_MIB = "rss_peak_mib"
 ENERGY_PER_EPOCH_J = "energy_per_epoch_j"
 KERNEL_TRACE = "kernel_trace"
+BOUND = "bound"
 KERNEL_CACHES = "kernel_caches"
 THROTTLED = "throttled"
 LATENCY_P99_S = "latency_p99_s"
@@ -85,6 +86,9 @@ CASE_FIELDS: tuple[Field, ...] = (
     Field("series_path", "the sample series CSV (None: the run is not stored)"),
     Field("planted_slowdown", "the --plant-slowdown that ran, or None"),
     Field(KERNEL_TRACE, "the kernel table of a few steady epochs (--kernel-trace)", optional=True),
+    Field(BOUND, "per step: kernels, kernel time, wall time and the compute, memory and launch floors "
+                 "(model.bound.Bound.as_dict), with the device and the measured ceilings; None if not profiled"),
+    Field("bound_unavailable", "why the step could not be profiled (no CUPTI)", optional=True),
     Field(TIME_GATE, "how the time rule judged the case: limit, spread, runs, source", optional=True),
     Field(VERDICT, "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
 )

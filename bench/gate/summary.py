@@ -40,6 +40,42 @@ def study_row(label: str, record: dict[str, Any]) -> list[str]:
     ]
 
 
+BOUND_COLUMNS = ("kernels/step", "kernel us/step", "step us", "compute us", "memory us", "launch us", "nearest",
+                 "floor/step")
+
+
+def bound_row(label: str, record: dict[str, Any]) -> list[str] | None:
+    """A case's step beside its three floors (model/bound.py), or None without a bound."""
+    bound = record.get("bound")
+    if not bound:
+        return None
+    return [
+        label,
+        _num(bound["kernels_per_step"], ".0f"),
+        _num(bound["device_us_per_step"], ".0f"),
+        _num(bound["step_us"], ".0f"),
+        _num(bound["compute_us"], ".1f"),
+        _num(bound["memory_us"], ".1f"),
+        _num(bound["launch_us"], ".1f"),
+        bound["nearest"],
+        _pct(bound["floor_fraction"]),
+    ]
+
+
+def bound_table(title: str, labelled: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The bound table of (label, record) pairs that hold a bound, with a line on what the
+    floors are; nothing when none does."""
+    rows = [r for label, record in labelled if (r := bound_row(label, record)) is not None]
+    if not rows:
+        return []
+    devices = {record["bound"]["device"] for _, record in labelled if record.get("bound")}
+    kernel = "kernel" if devices == {"cuda"} else "kernel (aten op on a CPU)"
+    return ["", tabulate(rows, headers=[title, *BOUND_COLUMNS], tablefmt="github", disable_numparse=True), "",
+            f"step bound: per optimizer step, {kernel} count and time beside three floors: FLOPs at the measured "
+            "matmul ceiling, parameter, gradient and optimizer-state bytes at the measured copy bandwidth, "
+            "kernels x the measured per-kernel gap of a CUDA graph; nearest = the largest floor"]
+
+
 def row(entry: dict[str, Any]) -> list[str]:
     cells = study_row(str(entry["case"].value), entry["record"])
     if entry["deltas"] is not None:
@@ -100,6 +136,8 @@ def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -
             rows = [r[:-2] + r[-1:] for r in rows]
             headers.remove("vs baseline")
         lines += ["", tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
+    loops = [(str(e["case"].value), e["record"]) for e in entries if e["case"].experiment == "loop"]
+    lines += bound_table(f"{TITLES.get('loop', 'loop')}: step bound", loops)
     states = sorted({str(e["record"].get("kernel_caches")) for e in entries if e["record"].get("kernel_caches")})
     if states:
         lines += ["", f"1st epoch s: compilation and capture included; Triton/Inductor caches {', '.join(states)}"]

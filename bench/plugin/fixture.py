@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bench.cases import Case
+from bench.gate.kernel_table import KernelTable
 from bench.gate.compare import deltas
 from bench.gate.judge import judge
 from bench.gate.runs import case_history
@@ -30,6 +31,7 @@ from bench.monitor.series import write_series
 from bench.monitor.trace import profile_trainer
 from bench.plugin.plant import plant_slowdown
 from bench.plugin.session import LoadBenchSession
+from model.bound import step_bound
 from model.config import TrainConfig
 from model.cost import training_cost
 from model.data import Dataset
@@ -89,12 +91,41 @@ class LoadBench:
                 pytrace=False,
             )
         record = self._record(case, config, data, result, epochs, monitor)
-        if options.trace:  # after the timed window, before the trainer lets go of its model
-            record["kernel_trace"] = profile_trainer(trainer).to_dict()
+        # After the timed window and the record's memory peaks, before the trainer lets go
+        # of its model: --kernel-trace profiles three epochs for the stored table, the bound
+        # of every other case one.
+        if options.trace:
+            table = profile_trainer(trainer)
+            record["kernel_trace"] = table.to_dict()
+        else:
+            table = self._profile_once(trainer)
+        record.update(self._bound(config, data, record, table))
         trainer.release()
         self.benchmark.extra_info.update(record)
         self._judge(case, record)
         return result
+
+    def _profile_once(self, trainer: Trainer) -> KernelTable | str:
+        """One more epoch under the profiler, or why it could not be profiled (no CUPTI)."""
+        try:
+            return profile_trainer(trainer, epochs=1, warmup=0)
+        except RuntimeError as exc:
+            return str(exc)
+
+    def _bound(self, config: TrainConfig, data: Dataset, record: dict[str, Any],
+               table: KernelTable | str) -> dict[str, Any]:
+        """The record's "bound" (model/bound.py) from the profiled epoch, or None with the
+        reason in "bound_unavailable"."""
+        if isinstance(table, str):
+            return {"bound": None, "bound_unavailable": table}
+        ceilings = self.session.ceilings(config.precision)
+        bound = step_bound(
+            training_cost(config, len(data.y_train), data.n_features, data.n_classes), config,
+            n_train=len(data.y_train), in_features=data.n_features,
+            kernels_per_epoch=table.total_calls_per_epoch, device_us_per_epoch=table.total_us_per_epoch,
+            epoch_seconds=record["median_epoch_s"], ceilings=ceilings,
+        )
+        return {"bound": {**bound.as_dict(), "device": table.device, "ceilings": ceilings.as_dict()}}
 
     def _train(
         self, trainer: Trainer, config: TrainConfig, progress: Any, monitor: LoadMonitor

@@ -22,6 +22,7 @@ from bench.plugin.benchmark_options import check as check_benchmark_options
 from bench.plugin.benchmark_options import check_compare_fail
 from bench.gate.budgets import Budgets
 from bench.gate.budgets import BudgetError
+from bench.monitor.ceiling import measure_ceilings
 from bench.monitor.sampler import GpuProbe
 from bench.gate.budgets import dataset_key
 from bench.plugin.caches import KernelCaches
@@ -40,6 +41,7 @@ from bench.plugin.partial import PartialRun
 from bench.gate.shards import assign
 from bench.gate.shards import durations_of
 from bench.gate.shards import unit_of
+from model.bound import Ceilings
 from model.data import DataError
 from model.data import Dataset
 from model.data import Frames
@@ -81,6 +83,7 @@ class LoadBenchSession:
         self.records: list[dict[str, Any]] = []  # one per case run, for the summary
         self.shared: dict[str, Any] = {}  # measurements later cases of the session compare with
         self._datasets: dict[float, Dataset] = {}  # by fraction of the profile's frames
+        self._ceilings: dict[str, Ceilings] = {}  # by precision
         self.left_to_nightly = 0  # cases of the nightly tier this pr-tier run left out
         self.unfinished: list[str] = []  # cases left out of the saved run: no timed round
         self._scratch: Path | None = None
@@ -169,6 +172,13 @@ class LoadBenchSession:
             if entry["case"].id == case_id:
                 return entry["record"]
         return None
+
+    def ceilings(self, precision: str) -> Ceilings:
+        """The device's matmul ceiling in `precision`, copy bandwidth and per-kernel gap,
+        measured at the first call of the session for that precision."""
+        if precision not in self._ceilings:
+            self._ceilings[precision] = measure_ceilings(self.options.device, precision)
+        return self._ceilings[precision]
 
     def scratch(self, name: str) -> Path:
         """A folder of this session's own, removed when it ends: where an unstored run keeps

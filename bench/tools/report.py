@@ -57,6 +57,7 @@ from bench.tools.serving import serving_markdown
 from model.files import write_atomic
 from bench.monitor.series import read_series
 from bench.gate.summary import COLUMNS
+from bench.gate.summary import bound_table
 from bench.gate.summary import study_row
 
 HISTORY_METRICS = tuple(METRICS)  # the history page's charts, in its order
@@ -107,6 +108,8 @@ def tables_markdown(run: Run) -> str:
         lines += [f"## {TITLES.get(experiment, experiment)}", ""]
         lines += [tabulate(rows, headers=[TITLES.get(experiment, experiment), *COLUMNS], tablefmt="github",
                            disable_numparse=True), ""]
+        labelled = [(str(b["extra_info"]["case"]).split("-", 1)[1], b["extra_info"]) for b in benches]
+        lines += [*bound_table(f"{TITLES.get(experiment, experiment)}: step bound", labelled)[1:], ""]
     lines += [TIME_NOTE, ""]
     if any_na:
         lines += [na_note(run), ""]

@@ -1,0 +1,85 @@
+"""The step bound (model/bound.py), its ceilings on this CPU (bench/monitor/ceiling.py)
+and its table (bench/gate/summary.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.gate.summary import bound_table
+from bench.monitor.ceiling import measure_ceilings
+from model.bound import Bound
+from model.bound import Ceilings
+from model.bound import step_bound
+from model.bound import step_bytes
+from model.bound import steps_per_epoch
+from model.config import TrainConfig
+from model.cost import training_cost
+
+# One TFLOP/s, 1 GB/s and 2 us a kernel keep the arithmetic readable.
+UNIT = Ceilings(matmul_tflops=1.0, copy_gb_per_s=1.0, kernel_gap_us=2.0)
+
+
+def config(**changes: object) -> TrainConfig:
+    return TrainConfig().replace(**{"depth": 3, "width": 512, "batch_size": 512, "optimizer": "adam", **changes})
+
+
+def test_steps_count_the_last_partial_batch() -> None:
+    assert steps_per_epoch(1024, 512) == 2 and steps_per_epoch(1025, 512) == 3 and steps_per_epoch(10, 512) == 1
+
+
+def test_step_bytes_are_parameter_sized_tensors_read_and_written_plus_the_batch() -> None:
+    cost = training_cost(config(), 1024)
+    params = cost.parameters * 4
+    # weights, gradients and Adam's two moments, each read and written; 75 fp32 features and a label a sample
+    assert step_bytes(cost, 512, 75) == 2 * (params + params + 2 * params) + 512 * (75 * 4 + 8)
+
+
+def test_the_floors_follow_from_the_cost_the_trace_and_the_ceilings() -> None:
+    cfg = config()
+    cost = training_cost(cfg, 1024)
+    bound = step_bound(cost, cfg, n_train=1024, in_features=75, kernels_per_epoch=60, device_us_per_epoch=400.0,
+                       epoch_seconds=0.001, ceilings=Ceilings(1.0, 100.0, 2.0))
+    assert bound.kernels_per_step == 30 and bound.device_us_per_step == 200 and bound.step_us == pytest.approx(500)
+    assert bound.compute_us == pytest.approx(cost.train_flops_per_epoch / 2 / 1e6)
+    assert bound.memory_us == pytest.approx(step_bytes(cost, 512, 75) / 1e5)
+    assert bound.launch_us == 60.0
+    # 1.7 GFLOP a step at 1 TFLOP/s is above 18 MB at 100 GB/s and 60 us of launches
+    assert bound.nearest == "compute" and bound.floor_fraction == pytest.approx(bound.compute_us / 500)
+
+
+@pytest.mark.parametrize(("floors", "nearest"), [((1.0, 5.0, 2.0), "memory"), ((1.0, 2.0, 9.0), "launch"),
+                                                ((3.0, 2.0, 1.0), "compute")])
+def test_the_nearest_floor_is_the_largest(floors: tuple[float, float, float], nearest: str) -> None:
+    bound = Bound(kernels_per_step=1, device_us_per_step=1, step_us=10, compute_us=floors[0], memory_us=floors[1],
+                  launch_us=floors[2])
+    assert bound.nearest == nearest and bound.as_dict()["nearest"] == nearest
+    assert bound.as_dict()["floor_fraction"] == pytest.approx(max(floors) / 10)
+
+
+@pytest.mark.parametrize("field", ["epoch_seconds", "matmul_tflops", "copy_gb_per_s", "kernel_gap_us"])
+def test_a_non_positive_time_or_ceiling_is_refused_by_name(field: str) -> None:
+    cfg = config()
+    ceilings = {**UNIT.as_dict()}
+    epoch = 0.0 if field == "epoch_seconds" else 1.0
+    if field in ceilings:
+        ceilings[field] = 0.0
+    with pytest.raises(ValueError, match=f"step_bound: {field}=0.0"):
+        step_bound(training_cost(cfg, 1024), cfg, 1024, 75, 60, 400.0, epoch, Ceilings(**ceilings))
+
+
+def test_the_ceilings_measure_on_a_cpu() -> None:
+    ceilings = measure_ceilings(torch.device("cpu"), "fp32")
+    assert ceilings.matmul_tflops > 0 and ceilings.copy_gb_per_s > 0 and ceilings.kernel_gap_us > 0
+
+
+def test_the_bound_table_lists_cases_with_a_bound_and_says_what_the_floors_are() -> None:
+    bound = Bound(kernels_per_step=31, device_us_per_step=120, step_us=150, compute_us=2.5, memory_us=6.0,
+                  launch_us=45.0)
+    record = {"bound": {**bound.as_dict(), "device": "cuda", "ceilings": UNIT.as_dict()}}
+    lines = bound_table("loop", [("graph", record), ("reference", {"bound": None})])
+    text = "\n".join(lines)
+    assert "| graph " in text and "reference" not in text
+    assert "| 31 " in text and "launch" in text and "30%" in text  # 45 of 150 us
+    assert "per optimizer step, kernel count" in text
+    assert bound_table("loop", [("reference", {"bound": None})]) == []
