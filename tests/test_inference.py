@@ -20,6 +20,7 @@ from bench.gate.budgets import Budgets
 from bench.gate.budgets import InferenceBudget
 from bench.gate.budgets import check_inference
 from bench.gate.timing import check_latency
+from bench.test_inference import RECORD_KEYS
 from bench.test_inference import skip_reason
 from model import inference
 from model.compress import Compression
@@ -366,6 +367,7 @@ def test_evaluate_states_drop_and_speedup(tmp_path, data, monkeypatch):
     options = {"latency_calls": 5, "batches": (64,)}
     fp32 = evaluate(CONFIG, Compression(), data, CPU, profile="smoke", cache_dir=tmp_path, **options)
     assert fp32["accuracy_drop"] == 0.0 and fp32["speedup"] == 1.0
+    assert set(RECORD_KEYS) <= set(fp32), sorted(set(RECORD_KEYS) - set(fp32))  # every declared serving field
     pruned = evaluate(CONFIG, Compression(sparsity=0.9), data, CPU, profile="smoke", cache_dir=tmp_path, **options)
     assert pruned["accuracy_drop"] == pytest.approx(fp32["accuracy"] - pruned["accuracy"])
     assert pruned["speedup"] == pytest.approx(pruned["throughput"]["64"] / fp32["throughput"]["64"])

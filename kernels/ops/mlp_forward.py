@@ -258,10 +258,8 @@ def fused_forward(
     launch, in X's dtype; None where it cannot launch now (see the module docstring)
     or where, on a GPU, a layer does not fit one strip per program: then the strips
     would stream W through reduction steps after each hand-over, nothing loaded ahead,
-    and on an H200 that one launch took 30.2 us of GPU time per replay at batch 1
-    through 75-2048-2048-2048-10 against 24.7 us layer by layer (eager torch's
-    kernels: 25.2 us); at width 1024, which fits, 11.4 against 15.5. The interpreter
-    (one program) runs the streamed form. The caller checks `usable` and the shapes."""
+    slower than layer by layer (docs/kernels.md, "Measurements"). The interpreter (one
+    program) runs the streamed form. The caller checks `usable` and the shapes."""
     rows, layers = x.shape[0], len(weights)
     widths = [x.shape[1]] + [w.shape[0] for w in weights]
     programs_max = _programs_max(x.device)

@@ -89,8 +89,8 @@ class LaunchConfig:
 
 
 # Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr
-# functions in recent Triton: with Triton 3.9 on a 2-core CI machine 1.5 us a call
-# against 15 ns for the arithmetic, and cdiv sat on the eager path once per layer backward.
+# functions in recent Triton, a hundred times the arithmetic's cost on the host
+# (docs/kernels.md, "Measurements"), and cdiv sat on the eager path once per layer backward.
 
 
 def cdiv(a: int, b: int) -> int:
@@ -168,9 +168,8 @@ REDUCTION_STEPS = {torch.float32: (16, 32), torch.bfloat16: (32, 64), torch.floa
 SPLITS = (2, 4, 8, 16)
 # Occupancy rule: where some candidate tile gives at least one program per SM, a
 # candidate giving fewer than this many programs per SM is not timed (a quarter of the
-# SMs or fewer busy). Evidence: the format-1 launch table timed every candidate of its
-# day; none of its winners still among the candidates (90 of 94 on the H100, 34 of 36
-# on the H200) falls under it (tests/test_tuning_cache.py checks).
+# SMs or fewer busy). No winner of the format-1 launch table, which timed every
+# candidate, falls under it (docs/kernels.md, "Measurements"; tests/test_tuning_cache.py).
 MIN_PROGRAMS_PER_SM = 0.25
 
 

@@ -630,8 +630,8 @@ def time_launch(
 
 
 # Compiling candidates ahead of timing (Triton's AsyncCompileMode) is most of first-use
-# tuning's cost. With Triton 3.6 on a 16-core H100 host, 8 and 16 threads took the same
-# 16.9 s for the first fp32 configuration: the compiles share the GIL. So they run in
+# tuning's cost, and more threads do not shorten it: the compiles share the GIL
+# (docs/kernels.md, "Measurements"). So they run in
 # forked worker processes where the machine has the cores (kernels/runtime/compile_pool.py;
 # LOADBENCH_COMPILE_PROCESSES, 0 for threads only), these threads loading what the
 # workers compiled. Bounded so tuning does not swamp a shared host.

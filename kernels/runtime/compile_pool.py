@@ -34,7 +34,7 @@ from typing import Callable
 from kernels import env
 from kernels.runtime import versions
 
-# Pays: first-use tuning of both dtypes 40.4 s vs 47.6 s on threads, H100 host (docs/results-h200.md, "forked compile workers").
+# Pays off in first-use tuning against threads (docs/kernels.md, "Measurements").
 # False: compiles run on threads only (tests switch it off to check that path).
 ENABLED = versions.triton_internals_fit(versions.installed_triton())
 _POOL: _Workers | None = None

@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another call form
     _knobs = _driver = None
 
-# Pays: 8-22% off an eager MLP forward + backward on H100, triton 3.6 (docs/results-h200.md, "Eager host cost").
+# Pays off on the eager path (docs/kernels.md, "Measurements").
 # False: every launch takes Triton's public path (tests switch it off to check that path).
 ENABLED = versions.triton_internals_fit(versions.installed_triton())
 
