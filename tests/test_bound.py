@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.gate.summary import bound_note
 from bench.gate.summary import bound_table
 from bench.monitor.ceiling import measure_ceilings
 from model.bound import Bound
@@ -81,5 +82,35 @@ def test_the_bound_table_lists_cases_with_a_bound_and_says_what_the_floors_are()
     text = "\n".join(lines)
     assert "| graph " in text and "reference" not in text
     assert "| 31 " in text and "launch" in text and "30%" in text  # 45 of 150 us
-    assert "per optimizer step, kernel count" in text
+    note = "\n".join(bound_note([record]))
+    assert "per optimizer step, kernel count" in note and bound_note([{"bound": None}]) == []
     assert bound_table("loop", [("reference", {"bound": None})]) == []
+
+
+def bound_record(case: str, nearest_launch: bool = False) -> dict:
+    bound = Bound(kernels_per_step=31, device_us_per_step=120, step_us=100, compute_us=50.0, memory_us=10.0,
+                  launch_us=80.0 if nearest_launch else 5.0)
+    return {"case": case, "config": config().as_dict(),
+            "bound": {**bound.as_dict(), "device": "cuda", "ceilings": UNIT.as_dict()}}
+
+
+def test_a_step_point_recovers_intensity_and_rate_from_the_floors() -> None:
+    from bench.tools.figures import step_point
+
+    intensity, tflops = step_point(bound_record("blocks-3")["bound"])
+    # 50 us at 1 TFLOP/s is 5e7 FLOP; 10 us at 1 GB/s is 1e4 bytes; 5e7 FLOP in 100 us is 0.5 TFLOP/s
+    assert intensity == pytest.approx(5e3) and tflops == pytest.approx(0.5)
+
+
+def test_the_roofline_draws_each_bounded_case_and_says_when_there_is_none() -> None:
+    from bench.tools.figures import roofline_figure
+
+    fig = roofline_figure([bound_record("blocks-3"), bound_record("loop-graph", nearest_launch=True),
+                           {"case": "units-128", "bound": None}])
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.texts]
+    assert "blocks-3" in labels and "loop-graph" in labels and "units-128" not in labels
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("nearest the launch floor" in t for t in legend) and any("ridge" in t for t in legend)
+    empty = roofline_figure([{"case": "units-128", "bound": None}])
+    assert "no step bounds" in empty.axes[0].texts[0].get_text()

@@ -63,17 +63,22 @@ def bound_row(label: str, record: dict[str, Any]) -> list[str] | None:
 
 
 def bound_table(title: str, labelled: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
-    """The bound table of (label, record) pairs that hold a bound, with a line on what the
-    floors are; nothing when none does."""
+    """The bound table of the (label, record) pairs that hold a bound; nothing when none does."""
     rows = [r for label, record in labelled if (r := bound_row(label, record)) is not None]
     if not rows:
         return []
-    devices = {record["bound"]["device"] for _, record in labelled if record.get("bound")}
+    return ["", tabulate(rows, headers=[title, *BOUND_COLUMNS], tablefmt="github", disable_numparse=True)]
+
+
+def bound_note(records: Iterable[dict[str, Any]]) -> list[str]:
+    """What the bound tables' columns are, once; nothing when no record holds a bound."""
+    devices = {record["bound"]["device"] for record in records if record.get("bound")}
+    if not devices:
+        return []
     kernel = "kernel" if devices == {"cuda"} else "kernel (aten op on a CPU)"
-    return ["", tabulate(rows, headers=[title, *BOUND_COLUMNS], tablefmt="github", disable_numparse=True), "",
-            f"step bound: per optimizer step, {kernel} count and time beside three floors: FLOPs at the measured "
-            "matmul ceiling, parameter, gradient and optimizer-state bytes at the measured copy bandwidth, "
-            "kernels x the measured per-kernel gap of a CUDA graph; nearest = the largest floor"]
+    return ["", f"step bound: per optimizer step, {kernel} count and time beside three floors: FLOPs at the "
+                "measured matmul ceiling; parameter, gradient and optimizer-state bytes at the measured copy "
+                "bandwidth; kernels x the measured per-kernel gap of a CUDA graph. nearest: the largest floor"]
 
 
 def row(entry: dict[str, Any]) -> list[str]:
@@ -138,6 +143,7 @@ def render_summary(entries: Iterable[dict[str, Any]], messages: Iterable[str]) -
         lines += ["", tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)]
     loops = [(str(e["case"].value), e["record"]) for e in entries if e["case"].experiment == "loop"]
     lines += bound_table(f"{TITLES.get('loop', 'loop')}: step bound", loops)
+    lines += bound_note(record for _, record in loops)
     states = sorted({str(e["record"].get("kernel_caches")) for e in entries if e["record"].get("kernel_caches")})
     if states:
         lines += ["", f"1st epoch s: compilation and capture included; Triton/Inductor caches {', '.join(states)}"]

@@ -145,6 +145,71 @@ def pareto_figure(records: list[dict[str, Any]]) -> Figure:
     return fig
 
 
+NEAREST_MARKERS = {"compute": "o", "memory": "s", "launch": "^"}
+
+
+def step_point(bound: Mapping[str, Any]) -> tuple[float, float]:
+    """A bound's (arithmetic intensity in FLOP/byte, achieved TFLOP/s), recovered from its
+    floors and the ceilings they were measured at."""
+    ceilings = bound["ceilings"]
+    flops = bound["compute_us"] * 1e-6 * ceilings["matmul_tflops"] * 1e12
+    moved = bound["memory_us"] * 1e-6 * ceilings["copy_gb_per_s"] * 1e9
+    return flops / moved, flops / (bound["step_us"] * 1e-6) / 1e12
+
+
+def layer_intensities(config: Mapping[str, Any], in_features: int = 75, classes: int = 10) -> list[float]:
+    """FLOP/byte of each layer's forward GEMM at the configuration's batch, fp32 operands
+    each read or written once."""
+    from model.cost import layer_shapes
+    from model.config import TrainConfig
+
+    shapes = layer_shapes(TrainConfig(**config), in_features, classes)
+    batch = config["batch_size"]
+    return [2 * batch * i * o / (4 * (batch * i + i * o + batch * o)) for i, o in shapes]
+
+
+def roofline_figure(records: list[dict[str, Any]]) -> Figure:
+    """Each case's step on the roofline of the ceilings it was measured at: the memory
+    slope, the compute roof, the ridge point between them, the optimal configuration's
+    per-layer GEMM intensities, and a marker per case for the floor it is nearest."""
+    usable = [r for r in sorted(records, key=lambda r: study_order(r["case"])) if r.get("bound")]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    if not usable:
+        _say_no_data(ax, "no step bounds: no case of this run was profiled")
+        return fig
+    points = [step_point(r["bound"]) for r in usable]
+    roofs = {(r["bound"]["ceilings"]["matmul_tflops"], r["bound"]["ceilings"]["copy_gb_per_s"],
+              r["config"]["precision"]) for r in usable}
+    study = next((r for r in usable if r["case"] == "blocks-3"), usable[0])
+    layers = layer_intensities(study["config"])
+    spots = [*(x for x, _ in points), *(p * 1e3 / bw for p, bw, _ in roofs), *layers]
+    xs = np.geomspace(min(spots) / 3, max(spots) * 3, 200)
+    for k, (peak, bandwidth, precision) in enumerate(sorted(roofs)):
+        ridge = peak * 1e3 / bandwidth  # FLOP/byte where the slope meets the roof
+        ax.plot(xs, np.minimum(peak, xs * bandwidth / 1e3), color=_colour(k, len(roofs)), linewidth=1.2,
+                label=f"{precision}: {peak:.3g} TFLOP/s, {bandwidth:.3g} GB/s; ridge {ridge:.3g} FLOP/B")
+        ax.axvline(ridge, color=_colour(k, len(roofs)), linestyle=":", linewidth=0.8)
+    for i, intensity in enumerate(layers):
+        ax.axvline(intensity, ymax=0.06, color="dimgray", linewidth=1.5)
+        ax.annotate(f"L{i}", (intensity, 0.07), xycoords=("data", "axes fraction"), fontsize=LABEL_FONT,
+                    ha="center", color="dimgray")
+    for nearest, marker in NEAREST_MARKERS.items():
+        mine = [p for p, r in zip(points, usable) if r["bound"]["nearest"] == nearest]
+        if mine:
+            ax.scatter(*zip(*mine), marker=marker, s=26, zorder=3, color="tab:red",
+                       label=f"a case's step, nearest the {nearest} floor")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity of a step (FLOP per byte it must move)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(f"Roofline: each case's training step (L0..: {study['case']}'s per-layer forward GEMMs)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    place_labels(ax, points, [r["case"] for r in usable])
+    return fig
+
+
 LABEL_FONT = 6.5
 _DIRECTIONS = [(math.cos(math.radians(a)), math.sin(math.radians(a))) for a in (45, 135, 315, 225, 90, 270, 0, 180,
                                                                                  22, 158, 338, 202, 68, 112, 292, 248)]

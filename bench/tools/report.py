@@ -57,6 +57,7 @@ from bench.tools.serving import serving_markdown
 from model.files import write_atomic
 from bench.monitor.series import read_series
 from bench.gate.summary import COLUMNS
+from bench.gate.summary import bound_note
 from bench.gate.summary import bound_table
 from bench.gate.summary import study_row
 
@@ -110,6 +111,8 @@ def tables_markdown(run: Run) -> str:
                            disable_numparse=True), ""]
         labelled = [(str(b["extra_info"]["case"]).split("-", 1)[1], b["extra_info"]) for b in benches]
         lines += [*bound_table(f"{TITLES.get(experiment, experiment)}: step bound", labelled)[1:], ""]
+    notes = bound_note(b["extra_info"] for b in run.cases())
+    lines += [*notes[1:], ""] if notes else []
     lines += [TIME_NOTE, ""]
     if any_na:
         lines += [na_note(run), ""]
@@ -358,9 +361,14 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     for experiment, image in figures.items():
         written.append(write_atomic(out / f"{experiment}.png", image))
     from bench.tools.figures import pareto_figure
+    from bench.tools.figures import roofline_figure
 
     pareto = png(pareto_figure([b["extra_info"] for b in latest.cases()]))
     written.append(write_atomic(out / "pareto.png", pareto))
+    bounded = [b["extra_info"] for b in latest.cases() if b["extra_info"].get("bound")]
+    roofline = png(roofline_figure(bounded)) if bounded else None
+    if roofline is not None:
+        written.append(write_atomic(out / "roofline.png", roofline))
     history = sections(runs, budgets)  # by_gpu puts the newest run's model first
     plotly = importlib.util.find_spec("plotly") is not None  # the page's charts; the rest needs none
     if not plotly:
@@ -369,6 +377,8 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     written.append(write_atomic(out / "summary.md", summary_markdown(summary)))
     if plotly:
         images = {"Pareto view (newest run)": pareto}
+        if roofline is not None:
+            images["Roofline: each case's step and the floor it is nearest (newest run)"] = roofline
         images.update({INFERENCE_TITLES.get(name, f"Search {name[7:-4]}"): image for name, image in inference.items()})
         page = history_page(history, summary, images)
         written.append(write_atomic(out / "history.html", page))
