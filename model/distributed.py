@@ -217,6 +217,8 @@ def launch(
         "--scale", str(scale), "--backend", backend, "--out", str(out), "--timeout", str(timeout_s),
     ] + (["--weights", weights_out] if weights_out else [])
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{PARENT_ENV: str(os.getpid())})
+    if backend == "gloo":  # CPU ranks: their Triton kernels can only run interpreted, GPU on the host or not
+        env.setdefault("TRITON_INTERPRET", "1")
     # Its own session, so that one killpg reaches torchrun and every rank it started.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True, env=env)

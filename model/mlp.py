@@ -49,6 +49,8 @@ class MLP(nn.Module):
         self.head = nn.Linear(width, classes)
         self.activation = activation
         self.impl = impl
+        if impl == Impl.TRITON:  # registers the ops now, not inside the first (timed apart) forward
+            import kernels.ops.linear_act  # noqa: F401  (lazily: kernels/ needs triton)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == Impl.TRITON:

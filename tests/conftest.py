@@ -30,3 +30,18 @@ def _not_an_xdist_worker() -> Iterator[None]:
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
             patch.delenv(name, raising=False)
         yield
+
+
+# The root conftest picks Triton's interpreter only where there is no GPU, and Triton reads
+# that choice once, at its import: on a GPU host a kernel launched on CPU tensors fails.
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if INTERPRETING or not torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="Triton kernels on CPU tensors: on a GPU host run these with "
+                                   "TRITON_INTERPRET=1 pytest tests/ -m interpreter")
+    for item in items:
+        if item.get_closest_marker("interpreter"):
+            item.add_marker(skip)

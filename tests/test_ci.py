@@ -45,7 +45,7 @@ def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subpr
     env.pop("GITHUB_SHA", None)
     command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(project / "main-runs"),
                "--out", str(project / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", *extra,
-               "--", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", TIMER, "-q"]
+               "--", "--device=cpu", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", TIMER, "-q"]
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -80,7 +80,7 @@ def test_ci_says_when_there_is_no_history_and_keeps_budget_failures(project: Pat
     done = subprocess.run(
         [sys.executable, "-m", "bench.tools.ci", "pr", "--storage", str(tmp_path / "empty"), "--out",
          str(tmp_path / "out"), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", "--",
-         f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'strict.toml'}", "-q"],
+         "--device=cpu", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'strict.toml'}", "-q"],
         cwd=project, env={**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_STEP_SUMMARY": ""},
         capture_output=True, text=True, timeout=600,
     )

@@ -117,6 +117,7 @@ def test_ddp_records_say_which_loop_ran(tmp_path) -> None:
 # ------------------------------------------------------- flat all-reduce loop
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize(("bucket_mb", "buckets"), [("", 1), ("0", 1), ("0.001", 2)], ids=["default", "one", "two"])
 def test_flat_allreduce_loop_trains_like_one_process(tmp_path, monkeypatch, bucket_mb, buckets) -> None:
     # The flat gradient all-reduced in buckets and the flat optimizer's kernel, eager on
@@ -226,6 +227,7 @@ def test_a_bad_bucket_size_is_one_clear_error(value) -> None:
         bucket_cap_bytes({BUCKET_ENV: value})
 
 
+@pytest.mark.interpreter
 def test_flat_allreduce_loop_with_torchs_loss_matches_one_process(tmp_path) -> None:
     # optimizer_impl 'torch' keeps F.cross_entropy; the flat optimizer runs either way.
     config = TrainConfig(width=16, depth=1, epochs=1, batch_size=100, optimizer="sgd")

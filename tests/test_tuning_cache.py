@@ -177,12 +177,14 @@ def test_a_corrupt_cache_file_is_ignored_with_one_warning(tmp_path, content) -> 
 # ----------------------------------------------------------------- the policy
 
 
+@pytest.mark.interpreter
 def test_on_a_cpu_nothing_is_tuned_and_the_source_is_the_heuristic(tmp_path) -> None:
     train_step(*layer())
     assert sources() == {"fwd": "heuristic", "dw": "heuristic", "dx": "heuristic"}
     assert not (tmp_path / "cache" / tuning_cache.FILE_NAME).exists()
 
 
+@pytest.mark.interpreter
 def test_tuned_on_first_use_stored_and_reused_by_a_later_run(tmp_path, capsys) -> None:
     cache = tmp_path / "cache"
     split = lambda kernel, cfg: kernel == "dw" and cfg.split_k == 2  # noqa: E731
@@ -204,6 +206,7 @@ def test_tuned_on_first_use_stored_and_reused_by_a_later_run(tmp_path, capsys) -
         assert torch.equal(g, e)
 
 
+@pytest.mark.interpreter
 def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -> None:
     """The real tuning path (time_launch calls the op again, from inside the op's own
     forward and from autograd's backward), a CPU stand-in for the CUDA-graph timer:
@@ -230,6 +233,7 @@ def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -
         assert torch.allclose(g, e, atol=1e-4)
 
 
+@pytest.mark.interpreter
 def test_the_committed_table_wins_over_the_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     table_cfg, cached_cfg = LaunchConfig(16, 16, 16, 4, 3), LaunchConfig(32, 32, 32, 4, 3)
@@ -243,6 +247,7 @@ def test_the_committed_table_wins_over_the_cache(tmp_path) -> None:
     assert report["dw"]["source"] == "cache" and report["dw"]["config"] == asdict(cached_cfg)
 
 
+@pytest.mark.interpreter
 def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     store = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__))
@@ -252,6 +257,7 @@ def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> No
     assert sources() == {"fwd": "table", "dw": "heuristic", "dx": "heuristic"}
 
 
+@pytest.mark.interpreter
 def test_always_re_tunes_over_table_and_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     measure = FakeMeasure(lambda kernel, cfg: cfg.block_r == 32 and cfg.block_c == 32 and cfg.block_red == 32)
@@ -263,6 +269,7 @@ def test_always_re_tunes_over_table_and_cache(tmp_path) -> None:
     assert len(stored) == 3 and all(e["config"]["block_red"] == 32 for e in stored.values())
 
 
+@pytest.mark.interpreter
 def test_a_first_call_during_graph_capture_falls_back_then_tunes(tmp_path, monkeypatch) -> None:
     measure = FakeMeasure()
     launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
@@ -292,6 +299,7 @@ def test_tracing_never_tunes(tmp_path) -> None:
     assert entry["source"] == "heuristic" and "torch.compile tracing" in entry["note"]
 
 
+@pytest.mark.interpreter
 def test_a_bad_cached_config_is_re_tuned_with_a_warning(tmp_path) -> None:
     cache = tmp_path / "cache"
     store = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__))
@@ -302,6 +310,7 @@ def test_a_bad_cached_config_is_re_tuned_with_a_warning(tmp_path) -> None:
     assert sources() == {"fwd": "tuned"}
 
 
+@pytest.mark.interpreter
 def test_an_unwritable_cache_keeps_the_tile_for_the_process(tmp_path, monkeypatch) -> None:
     def no_space(self, key, entry):
         raise OSError("read-only file system")
@@ -313,6 +322,7 @@ def test_an_unwritable_cache_keeps_the_tile_for_the_process(tmp_path, monkeypatc
     assert sources() == {"fwd": "tuned"}
 
 
+@pytest.mark.interpreter
 def test_a_candidate_that_fails_is_skipped(tmp_path) -> None:
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
         if cfg.block_r == 64:  # the heuristic's tile among them
@@ -408,6 +418,7 @@ def test_the_cell_list_measures_each_cell_once_losing_cells_first() -> None:
 # -------------------------------------------------- what the key holds (format 2)
 
 
+@pytest.mark.interpreter
 def test_a_tile_tuned_in_one_strict_fp32_mode_is_not_reused_in_the_other(tmp_path, monkeypatch) -> None:
     cache = tmp_path / "cache"
     monkeypatch.setattr(launch_plan, "STRICT_FP32", "ieee")
@@ -423,6 +434,7 @@ def test_a_tile_tuned_in_one_strict_fp32_mode_is_not_reused_in_the_other(tmp_pat
     assert {e["precision"] for e in stored.values()} == {"ieee", "tf32x3"}
 
 
+@pytest.mark.interpreter
 def test_silu_is_tuned_apart_from_its_finalists_and_relu_shares_leaky_relus_class(tmp_path) -> None:
     measure = FakeMeasure()
     launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure)
@@ -440,6 +452,7 @@ def test_silu_is_tuned_apart_from_its_finalists_and_relu_shares_leaky_relus_clas
     assert stored["seeded_from"] == "pointwise" and stored["timed_with"] == "silu"
 
 
+@pytest.mark.interpreter
 def test_an_old_cache_file_is_read_and_its_entries_not_reused(tmp_path) -> None:
     """Format-1 entries (keyed without precision and activation class) stay in the file,
     are never matched, and the shape is tuned anew beside them: no crash, no warning."""
@@ -459,6 +472,7 @@ def test_an_old_cache_file_is_read_and_its_entries_not_reused(tmp_path) -> None:
     assert "fwd:float32:64:32:32" in stored and key("fwd", M, N, K) in stored
 
 
+@pytest.mark.interpreter
 def test_a_table_keyed_in_the_old_format_is_not_used_and_says_so(tmp_path) -> None:
     legacy = {"cpu": {"configs": {"fwd:float32:64:32": CONFIG}, "evidence": {}}}
     launches.reset_launch_state(mode="off", cache_dir=tmp_path / "cache", tables=legacy)
@@ -470,6 +484,7 @@ def test_a_table_keyed_in_the_old_format_is_not_used_and_says_so(tmp_path) -> No
 # ----------------------------------------------------- what tuning costs
 
 
+@pytest.mark.interpreter
 def test_successive_halving_decides_on_the_full_timing(tmp_path) -> None:
     """Every candidate timed quickly, the FINALISTS fastest and the heuristic's tile
     fully; the winner is the fastest in the full timing, not the quick one."""
@@ -492,6 +507,7 @@ def test_successive_halving_decides_on_the_full_timing(tmp_path) -> None:
     assert launches.tuning_counts()["quick"] == len(cands) and launches.tuning_counts()["full"] == len(full)
 
 
+@pytest.mark.interpreter
 def test_shapes_of_one_class_are_tuned_once_even_when_always(tmp_path) -> None:
     measure = FakeMeasure()
     launches.reset_launch_state(mode="always", cache_dir=tmp_path / "cache", measure=measure)
@@ -560,6 +576,7 @@ def test_precompile_runs_the_launch_path_with_warmup_for_every_candidate(monkeyp
     assert not launches._FORCED and not launches._PLANS
 
 
+@pytest.mark.interpreter
 def test_precompile_does_nothing_under_the_interpreter() -> None:
     cfgs = launch_plan.tuning_candidates("fwd", M, N, K, torch.float32, None)
     assert launches.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
@@ -593,6 +610,7 @@ def _grads(fn, x, w, b, autocast=False):
     return y, [y.detach(), x.grad, w.grad, b.grad]
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize(("activation", "autocast"), [("silu", False), ("tanh", True)])
 def test_the_eager_path_skips_the_op_and_gives_the_same_bits(activation, autocast) -> None:
     code = launch_plan.ACTIVATIONS[activation]
@@ -625,6 +643,7 @@ def test_the_eager_path_steps_aside_for_dispatch_modes_and_fake_tensors() -> Non
         assert not op._eager(mode.from_tensor(x), w, b)
 
 
+@pytest.mark.interpreter
 def test_bench_cells_tune_only_reports_the_tuning_phase_and_no_cells(tmp_path, capsys) -> None:
     """The one-time cost alone (--tune-only), here through the interpreter on the CPU."""
     from bench.tools import bench_cells
@@ -674,6 +693,7 @@ def launched_kernels(monkeypatch) -> list[str]:
     return names
 
 
+@pytest.mark.interpreter
 def test_a_cublas_winner_keeps_its_fused_finalist_for_uncaptured_calls(tmp_path, monkeypatch) -> None:
     """Eagerly the host bounds the step: a kernel that tuning sent to cuBLAS runs its
     fastest fused finalist where that gives up less GPU time than a torch call costs
@@ -702,6 +722,7 @@ def test_a_cublas_winner_keeps_its_fused_finalist_for_uncaptured_calls(tmp_path,
     assert all("eager" in e for e in launches.launch_report()) and "_bias_act_kernel" not in names
 
 
+@pytest.mark.interpreter
 def test_the_op_path_keeps_the_tuned_winner(tmp_path, monkeypatch) -> None:
     """What torch.compile traces and CUDA graphs capture runs the GPU-time winner."""
     launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(0.004), sm_count=132, host_call_ms=0.01)
@@ -715,6 +736,7 @@ def test_the_op_path_keeps_the_tuned_winner(tmp_path, monkeypatch) -> None:
     assert names == ["_bias_act_kernel", "_act_grad_kernel"]
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("gap_ms, host_ms", [(0.02, 0.01), (0.004, 0.0)], ids=["gap-above-a-host-call", "no-host-cost"])
 def test_no_fused_finalist_where_it_gives_up_more_than_a_host_call(tmp_path, monkeypatch, gap_ms, host_ms) -> None:
     launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(gap_ms), sm_count=132, host_call_ms=host_ms)
@@ -732,6 +754,7 @@ def test_fused_second_reads_only_a_cublas_winner() -> None:
     assert launches.fused_second([cublas, fused], [1.0]) is None  # an entry without every time
 
 
+@pytest.mark.interpreter
 def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_path, monkeypatch) -> None:
     """bench.tools.tune writes a cuBLAS winner's fastest fused finalist into the table's
     evidence (not the other finalists); a run reading the table takes it eagerly."""

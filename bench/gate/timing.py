@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scipy.stats import mannwhitneyu
 
 from bench.gate.budgets import Budget
 from bench.gate.budgets import Failure
@@ -172,6 +171,8 @@ def _significantly_slower(now: Sequence[float], then: Sequence[float], alpha: fl
     """The one-sided Mann-Whitney U test both gates end with: its verdict in words when
     `now` is significantly larger than `then` at `alpha`, else None."""
     alpha = alpha if alpha is not None else DEFAULT_ALPHA
+    from scipy.stats import mannwhitneyu  # here: scipy.stats takes seconds to import, and most runs compare nothing
+
     p = float(mannwhitneyu(now, then, alternative="greater").pvalue)
     if p >= alpha:
         return None

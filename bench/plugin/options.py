@@ -139,7 +139,7 @@ class Options:
             raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
         series = config.getoption("series_dir")  # checked, and made, at start-up (bench/plugin/startup.py)
         try:
-            from kernels.ops.linear_act import STRICT_FP32
+            from kernels.plan.launch_plan import STRICT_FP32
         except ValueError as exc:  # a bad LOADBENCH_STRICT_FP32
             raise pytest.UsageError(str(exc)) from None
         return cls(
