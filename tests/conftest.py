@@ -29,11 +29,10 @@ def _not_an_xdist_worker() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
             patch.delenv(name, raising=False)
-        # The hundreds of pytest and tool processes the tests start import the same modules:
-        # with bytecode (and pytest's rewritten test modules) cached in __pycache__, each
-        # starts seconds sooner. None of them uses hypothesis, whose plugin imports it at
-        # the end of every session.
-        patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        # None of the pytest processes the tests start uses hypothesis, whose plugin imports
+        # it at the end of every session. (Bytecode stays as the environment says: tests
+        # that check out commits rewrite sources within a second, and a cached .pyc of
+        # another commit's same-sized file would be read as current.)
         patch.setenv("PYTEST_ADDOPTS", f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:hypothesispytest".strip())
         yield
 
