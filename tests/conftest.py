@@ -37,6 +37,16 @@ def _not_an_xdist_worker() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session")
+def inprocess_ready() -> None:
+    """Loads what a training run loads once per process, before any test's pytester takes
+    its snapshot of sys.modules: pytester drops the modules a test imported when it ends,
+    and a second import of torch._dynamo or triton aborts the process."""
+    import torch._dynamo  # noqa: F401
+    import torch.profiler  # noqa: F401
+    import triton  # noqa: F401
+
+
 # The root conftest picks Triton's interpreter only where there is no GPU, and Triton reads
 # that choice once, at its import: on a GPU host a kernel launched on CPU tensors fails.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"

@@ -34,14 +34,16 @@ def tiny_csv(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def run(pytester: pytest.Pytester, tiny_csv: Path, monkeypatch):
+def run(inprocess_ready: None, pytester: pytest.Pytester, tiny_csv: Path, monkeypatch):
+    """A pytest session of the tiny cases inside this process (see test_harness's bench)."""
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]\n')
     pytester.makepyfile(test_cases=CASES, planted=PLANTED_TIMER)
+    pytester.syspathinsert()
     (pytester.path / "budgets.toml").write_text("[defaults]\n")
     monkeypatch.setenv("PLANTED_EPOCH_S", "0.1")
 
     def go(*args: str, timer: bool = True) -> pytest.RunResult:
-        return pytester.runpytest_subprocess(
+        return pytester.runpytest_inprocess(
             "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", f"--epochs={EPOCHS}",
             f"--dataset={tiny_csv}", f"--budgets={pytester.path / 'budgets.toml'}",
             f"--benchmark-storage={pytester.path / 'runs'}", *([TIMER] if timer else []), *args,

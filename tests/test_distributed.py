@@ -478,7 +478,7 @@ def collected(pytester: pytest.Pytester, *args: str) -> list[str]:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
     (pytester.path / "test_experiments.py").write_text(EXPERIMENTS.read_text())
     # --profile quick: every value of every experiment (a CPU's smoke profile leaves some to the nightly tier)
-    result = pytester.runpytest_subprocess("--collect-only", "-q", "--device=cpu", "--profile=quick", *args)
+    result = pytester.runpytest_inprocess("--collect-only", "-q", "--device=cpu", "--profile=quick", *args)
     return [line for line in result.outlines if "::" in line]
 
 
@@ -516,7 +516,7 @@ def test_bad_shard_durations_are_usage_errors(pytester, args, content, message) 
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
     if content is not None:
         (pytester.path / "d.json").write_text(content)
-    result = pytester.runpytest_subprocess("--collect-only", *args)
+    result = pytester.runpytest_inprocess("--collect-only", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
 
@@ -524,7 +524,7 @@ def test_bad_shard_durations_are_usage_errors(pytester, args, content, message) 
 @pytest.mark.parametrize(("value", "message"), [("3/2", "between 1 and 2"), ("x", "use i/n")])
 def test_bad_shard_is_a_usage_error(pytester, value, message) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
-    result = pytester.runpytest_subprocess(f"--shard={value}")
+    result = pytester.runpytest_inprocess(f"--shard={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
 
@@ -539,14 +539,14 @@ def test_case(loadbench, case):
 """
 
 
-def test_merged_shards_read_like_one_run(pytester, tmp_path) -> None:
+def test_merged_shards_read_like_one_run(inprocess_ready, pytester, tmp_path) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
     pytester.makepyfile(test_cases=CASES)
     (pytester.path / "budgets.toml").write_text("")
     shards = []
     for i in (1, 2):
         out = tmp_path / f"shard-{i}.json"
-        pytester.runpytest_subprocess("--device=cpu", "--profile=smoke", "--epochs=2", f"--shard={i}/2",
+        pytester.runpytest_inprocess("--device=cpu", "--profile=smoke", "--epochs=2", f"--shard={i}/2",
                                       f"--budgets={pytester.path / 'budgets.toml'}", f"--benchmark-json={out}",
                                       f"--series-dir={tmp_path / 'series'}").assert_outcomes(passed=2 if i == 1 else 1)
         shards.append(out)

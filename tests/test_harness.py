@@ -51,17 +51,24 @@ def tiny_csv(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def bench(pytester: pytest.Pytester, tiny_csv: Path):
-    """Run the harness in pytester's directory on a tiny CSV, with planted epoch times."""
+def bench(inprocess_ready: None, pytester: pytest.Pytester, tiny_csv: Path):
+    """Run the harness in pytester's directory on a tiny CSV, with planted epoch times.
+
+    A run is a pytest session inside this process (torch and its compiler stack are loaded
+    once per worker, not once per run; pytester drops the modules a run imports, the
+    planted timer's count included). `isolated=True` starts a process of its own, for a
+    run that is interrupted or killed, or whose conftest patches shared modules in place."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=CASES, planted=PLANTED_TIMER)
+    pytester.syspathinsert()
 
-    def run(*args: str, budgets: str | None = None) -> pytest.RunResult:
+    def run(*args: str, budgets: str | None = None, isolated: bool = False) -> pytest.RunResult:
         extra = []
         if budgets is not None:
             (pytester.path / "budgets.toml").write_text(budgets)
             extra = [f"--budgets={pytester.path / 'budgets.toml'}"]
-        return pytester.runpytest_subprocess(
+        start = pytester.runpytest_subprocess if isolated else pytester.runpytest_inprocess
+        return start(
             "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=8", TIMER,
             f"--dataset={tiny_csv}", f"--benchmark-storage={pytester.path / 'runs'}", *extra, *args,
         )
@@ -217,7 +224,7 @@ def test_missing_budgets_file_is_named(bench) -> None:
 )
 def test_bad_options_give_usage_errors(pytester, args, message) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
-    result = pytester.runpytest_subprocess(*args)
+    result = pytester.runpytest_inprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 
@@ -225,7 +232,7 @@ def test_bad_options_give_usage_errors(pytester, args, message) -> None:
 def test_bad_strict_fp32_choice_is_a_usage_error(pytester, monkeypatch) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
     monkeypatch.setenv("LOADBENCH_STRICT_FP32", "fp64")
-    result = pytester.runpytest_subprocess()
+    result = pytester.runpytest_inprocess()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*LOADBENCH_STRICT_FP32='fp64': use one of ieee, tf32x3*"])
 
@@ -233,7 +240,7 @@ def test_bad_strict_fp32_choice_is_a_usage_error(pytester, monkeypatch) -> None:
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU error")
 def test_asking_for_a_missing_gpu_is_a_usage_error(pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
-    result = pytester.runpytest_subprocess("--device=cuda")
+    result = pytester.runpytest_inprocess("--device=cuda")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--device cuda: no CUDA GPU is visible to torch on this machine*"])
 
@@ -260,7 +267,7 @@ def test_malformed_dataset_stops_the_session_at_start_up(pytester, tmp_path) -> 
     pytester.makepyfile(test_cases=CASES)
     bad = tmp_path / "bad.csv"
     bad.write_text("video_name,video_frame,skill_id\nv,0,FL\n")
-    result = pytester.runpytest_subprocess("--device=cpu", f"--dataset={bad}")
+    result = pytester.runpytest_inprocess("--device=cpu", f"--dataset={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --dataset: *bad.csv: *"])
     assert "fixture was not used" not in result.stdout.str() + result.stderr.str()
@@ -282,7 +289,7 @@ def test_out_of_memory_fails_the_case_with_its_configuration(bench, pytester) ->
 
 def test_session_header_names_the_profile_and_why(pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["bench.plugin"]')
-    result = pytester.runpytest_subprocess("--device=cpu", "--collect-only")
+    result = pytester.runpytest_inprocess("--device=cpu", "--collect-only")
     result.stdout.fnmatch_lines(["*mlp-loadbench: profile smoke (default for this machine)*"])
 
 
@@ -339,7 +346,7 @@ def ctrl_c_in_the_second_case(request, monkeypatch):
 @pytest.mark.parametrize("save", ["--benchmark-json=out.json", "--benchmark-autosave"])
 def test_ctrl_c_saves_the_finished_cases_and_says_so(bench, pytester, save) -> None:
     pytester.makeconftest(CONFTEST + INTERRUPT_SECOND)
-    result = bench(save, budgets="")
+    result = bench(save, budgets="", isolated=True)
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert "min() arg is an empty sequence" not in output and "INTERNALERROR" not in output
@@ -417,7 +424,8 @@ def test_traced_regression_names_the_op_that_grew(bench, pytester, monkeypatch) 
     assert info["kernel_trace"]["device"] == "cpu" and info["kernel_trace"]["rows"]
     pytester.makeconftest(CONFTEST + EXTRA_KERNEL)
     monkeypatch.setenv("PLANTED_EPOCH_S", "0.15")
-    result = bench(f"--benchmark-compare={saved_runs(pytester)[0]}", "--kernel-trace", "-k", "test_small", budgets=GATE)
+    result = bench(f"--benchmark-compare={saved_runs(pytester)[0]}", "--kernel-trace", "-k", "test_small", budgets=GATE,
+                   isolated=True)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*epoch_time_ratio = 1.5 breaks*", "*kernels that grew most:*", "*aten::cumsum (new:*"])
 
@@ -487,7 +495,7 @@ def test_a_killed_run_keeps_its_finished_cases_beside_the_json(bench, pytester) 
     from bench.gate.runs import load_runs
 
     pytester.makeconftest(CONFTEST + KILL_SECOND)
-    result = bench("--benchmark-json=out.json", budgets="")
+    result = bench("--benchmark-json=out.json", budgets="", isolated=True)
     assert result.ret == 137
     assert not (pytester.path / "out.json").is_file() or (pytester.path / "out.json").stat().st_size == 0
     partial = pytester.path / "out.partial.json"
@@ -555,7 +563,7 @@ def test_a_long_case_shows_progress_without_verbose(bench, pytester) -> None:
     """Without -v a case says it is alive every QUIET_PROGRESS_AFTER_S (here 0, so every
     epoch); with the default it stays quiet, as the other tests here show."""
     pytester.makeconftest(CONFTEST + "import bench.plugin.fixture as fixture\nfixture.QUIET_PROGRESS_AFTER_S = 0.0\n")
-    result = bench(budgets="")
+    result = bench(budgets="", isolated=True)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*blocks-2: epoch 1/8*", "*blocks-2: epoch 8/8*"])
     pytester.makeconftest(CONFTEST)  # the default: a case of a second or so prints no epoch line

@@ -72,7 +72,7 @@ def test_bad_input_is_one_line_and_a_usage_error(
     if stored:
         (suite.path / ".benchmarks" / RUN_NAME).parent.mkdir(parents=True)
         shutil.copy(DATA / "inference-run.json", suite.path / ".benchmarks" / RUN_NAME)
-    result = suite.runpytest_subprocess("--collect-only", "-q", *args)
+    result = suite.runpytest_inprocess("--collect-only", "-q", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     said = [text for text in result.stderr.lines if text.strip()]
@@ -83,14 +83,14 @@ def test_bad_input_is_one_line_and_a_usage_error(
 
 def test_a_benchmark_json_folder_in_the_way_is_refused_by_its_parser(suite: pytest.Pytester) -> None:
     """pytest-benchmark opens --benchmark-json while parsing the command line, before any hook runs."""
-    result = suite.runpytest_subprocess("--collect-only", "-q", "--benchmark-json", "a-file/out.json")
+    result = suite.runpytest_inprocess("--collect-only", "-q", "--benchmark-json", "a-file/out.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     result.stderr.fnmatch_lines(["*--benchmark-json: can't open 'a-file/out.json'*Not a directory*"])
 
 
 def test_a_missing_series_folder_is_made_at_start_up(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess("--collect-only", "-q", "--series-dir", "new/series")
+    result = suite.runpytest_inprocess("--collect-only", "-q", "--series-dir", "new/series")
     assert result.ret == pytest.ExitCode.OK
     assert (suite.path / "new" / "series").is_dir()
 
@@ -156,6 +156,7 @@ def test_a_baseline_with_other_epochs_is_named_in_one_short_line(suite: pytest.P
     stored = {"machine_info": machine_info, "commit_info": {"id": "abc"}, "datetime": "2026-01-01T00:00:00",
               "version": "5.2.3", "benchmarks": []}
     (suite.path / "baseline.json").write_text(json.dumps(stored))
+    # A process of its own: in this one, the warning would go to this session's warnings.
     result = suite.runpytest_subprocess("--collect-only", "-q", "--profile=smoke", "--epochs=2",
                                         "--benchmark-compare=baseline.json")
     said = result.stdout.lines + result.stderr.lines

@@ -36,27 +36,27 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_the_default_tier_leaves_the_nightly_cases_out_and_says_so(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess("-q")
+    result = suite.runpytest_inprocess("-q")
     result.assert_outcomes(passed=4, deselected=2)
     result.stdout.fnmatch_lines(["*tier pr: 2 case(s) of the nightly tier left out (--tier nightly runs them)*"])
 
 
 def test_the_nightly_tier_runs_every_case(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess("-q", "--tier", "nightly")
+    result = suite.runpytest_inprocess("-q", "--tier", "nightly")
     result.assert_outcomes(passed=6)
     assert "tier pr" not in result.stdout.str()
 
 
 def test_an_unknown_tier_is_a_usage_error(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess("--tier", "weekly")
+    result = suite.runpytest_inprocess("--tier", "weekly")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--tier: invalid choice: 'weekly' (choose from 'pr', 'nightly')*"])
 
 
 def test_shards_are_dealt_from_the_cases_k_selected(suite: pytest.Pytester) -> None:
     """Dealt before -k, the second shard of two selected cases could hold neither."""
-    first = suite.runpytest_subprocess("-q", "-k", "cell", "--shard", "1/2")
-    second = suite.runpytest_subprocess("-q", "-k", "cell", "--shard", "2/2")
+    first = suite.runpytest_inprocess("-q", "-k", "cell", "--shard", "1/2")
+    second = suite.runpytest_inprocess("-q", "-k", "cell", "--shard", "2/2")
     first.assert_outcomes(passed=2, deselected=4)
     second.assert_outcomes(passed=1, deselected=5)
 
