@@ -46,6 +46,11 @@ def inprocess_ready() -> None:
     import torch.profiler  # noqa: F401
     import triton  # noqa: F401
 
+    try:  # dropped after a test, its finder stays on sys.meta_path and hides entry points
+        import importlib_metadata  # noqa: F401
+    except ImportError:
+        pass
+
 
 # The root conftest picks Triton's interpreter only where there is no GPU, and Triton reads
 # that choice once, at its import: on a GPU host a kernel launched on CPU tensors fails.
@@ -53,6 +58,9 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The slow tests first (a stable sort): pytest-xdist hands tests out in this order, so
+    # the longest start early instead of leaving one worker busy at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if INTERPRETING or not torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="Triton kernels on CPU tensors: on a GPU host run these with "

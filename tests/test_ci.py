@@ -6,9 +6,12 @@ the gate's decisions do not depend on how busy this machine is."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from datetime import datetime
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -51,9 +54,16 @@ def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subpr
 
 @pytest.mark.slow
 def test_ci_gates_a_pull_request_against_mains_stored_runs(project: Path) -> None:
-    for i in range(3):  # main stores three runs: enough for the noise to be known
-        done = ci(project, "main", f"main{i}", 0.1)
-        assert done.returncode == 0, done.stdout + done.stderr
+    done = ci(project, "main", "main0", 0.1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (first,) = sorted((project / "main-runs").glob("*/*.json"))
+    # Two more runs of main, as two later pushes would store them: the planted timer makes
+    # a run's epochs the same at every push, so each is the first with a later number and
+    # date. Three runs are enough for the noise to be known.
+    for number in (2, 3):
+        run = json.loads(first.read_text())
+        run["datetime"] = (datetime.fromisoformat(run["datetime"]) + timedelta(hours=number)).isoformat()
+        (first.parent / f"{number:04d}{first.name[4:]}").write_text(json.dumps(run))
     stored = sorted((project / "main-runs").glob("*/*.json"))
     assert len(stored) == 3
 
@@ -76,7 +86,6 @@ def test_ci_gates_a_pull_request_against_mains_stored_runs(project: Path) -> Non
 @pytest.mark.slow
 def test_ci_says_when_there_is_no_history_and_keeps_budget_failures(project: Path, tmp_path: Path) -> None:
     (project / "strict.toml").write_text("[datasets.\"tiny.csv\".defaults]\naccuracy_min = 0.99\n")
-    done = ci(project, "pr", "pr-strict", 0.1, "--storage", str(tmp_path / "empty"))
     done = subprocess.run(
         [sys.executable, "-m", "bench.tools.ci", "pr", "--storage", str(tmp_path / "empty"), "--out",
          str(tmp_path / "out"), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", "--",
