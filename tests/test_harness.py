@@ -57,7 +57,8 @@ def bench(inprocess_ready: None, pytester: pytest.Pytester, tiny_csv: Path):
     A run is a pytest session inside this process (torch and its compiler stack are loaded
     once per worker, not once per run; pytester drops the modules a run imports, the
     planted timer's count included). `isolated=True` starts a process of its own, for a
-    run that is interrupted or killed, or whose conftest patches shared modules in place."""
+    run that is interrupted or kills itself; a conftest patches shared code only through
+    monkeypatch, which undoes it."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=CASES, planted=PLANTED_TIMER)
     pytester.syspathinsert()
@@ -404,16 +405,18 @@ def test_planted_slowdown_is_a_fraction_of_each_measured_epoch(monkeypatch) -> N
 
 
 EXTRA_KERNEL = """
-import torch
+import pytest, torch
 from model.train import Trainer
 
-_step = Trainer.step
+@pytest.fixture(autouse=True)
+def an_extra_op_in_each_step(monkeypatch):
+    step = Trainer.step
 
-def step_with_an_extra_op(self, x, y):
-    torch.cumsum(torch.ones(4_000_000), 0)
-    return _step(self, x, y)
+    def step_with_an_extra_op(self, x, y):
+        torch.cumsum(torch.ones(4_000_000), 0)
+        return step(self, x, y)
 
-Trainer.step = step_with_an_extra_op
+    monkeypatch.setattr(Trainer, "step", step_with_an_extra_op)
 """
 
 
@@ -424,8 +427,7 @@ def test_traced_regression_names_the_op_that_grew(bench, pytester, monkeypatch) 
     assert info["kernel_trace"]["device"] == "cpu" and info["kernel_trace"]["rows"]
     pytester.makeconftest(CONFTEST + EXTRA_KERNEL)
     monkeypatch.setenv("PLANTED_EPOCH_S", "0.15")
-    result = bench(f"--benchmark-compare={saved_runs(pytester)[0]}", "--kernel-trace", "-k", "test_small", budgets=GATE,
-                   isolated=True)
+    result = bench(f"--benchmark-compare={saved_runs(pytester)[0]}", "--kernel-trace", "-k", "test_small", budgets=GATE)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*epoch_time_ratio = 1.5 breaks*", "*kernels that grew most:*", "*aten::cumsum (new:*"])
 
@@ -562,8 +564,10 @@ def test_the_partial_file_is_written_at_most_every_interval_and_by_its_cost(tmp_
 def test_a_long_case_shows_progress_without_verbose(bench, pytester) -> None:
     """Without -v a case says it is alive every QUIET_PROGRESS_AFTER_S (here 0, so every
     epoch); with the default it stays quiet, as the other tests here show."""
-    pytester.makeconftest(CONFTEST + "import bench.plugin.fixture as fixture\nfixture.QUIET_PROGRESS_AFTER_S = 0.0\n")
-    result = bench(budgets="", isolated=True)
+    pytester.makeconftest(CONFTEST + "import pytest\nimport bench.plugin.fixture as fixture\n\n"
+                          "@pytest.fixture(autouse=True)\ndef progress_at_once(monkeypatch):\n"
+                          "    monkeypatch.setattr(fixture, 'QUIET_PROGRESS_AFTER_S', 0.0)\n")
+    result = bench(budgets="")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*blocks-2: epoch 1/8*", "*blocks-2: epoch 8/8*"])
     pytester.makeconftest(CONFTEST)  # the default: a case of a second or so prints no epoch line

@@ -7,6 +7,7 @@ import json
 import math
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,19 +56,30 @@ def test_opt(loadbench):
 
 
 @pytest.fixture(scope="module")
-def storage(tmp_path_factory) -> Path:
-    """Two saved runs of three small cases, with their series."""
-    root = tmp_path_factory.mktemp("runs")
-    (root / "conftest.py").write_text('pytest_plugins = ["bench.plugin"]\n')
-    (root / "test_cases.py").write_text(CASES)
-    (root / "budgets.toml").write_text("")  # no floors: these runs are 3 epochs of tiny models
-    for _ in range(2):
-        subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke",
-             "--epochs=3", f"--budgets={root / 'budgets.toml'}", f"--benchmark-storage={root / 'store'}",
-             "--benchmark-autosave", f"--series-dir={root / 'series'}"],
-            cwd=root, check=True, capture_output=True,
-        )
+def storage(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two saved runs of three small cases, with their series: made once per test session
+    and only read by the tests. pytest-xdist's workers share one copy (their temporary
+    folders sit side by side in the session's), made by whichever takes the lock first."""
+    from filelock import FileLock  # a dependency of torch's
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if hasattr(request.config, "workerinput") else base) / "report-runs"
+    with FileLock(f"{root}.lock"):
+        if (root / "made").is_file():
+            return root
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        (root / "conftest.py").write_text('pytest_plugins = ["bench.plugin"]\n')
+        (root / "test_cases.py").write_text(CASES)
+        (root / "budgets.toml").write_text("")  # no floors: these runs are 3 epochs of tiny models
+        for _ in range(2):
+            subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke",
+                 "--epochs=3", f"--budgets={root / 'budgets.toml'}", f"--benchmark-storage={root / 'store'}",
+                 "--benchmark-autosave", f"--series-dir={root / 'series'}"],
+                cwd=root, check=True, capture_output=True,
+            )
+        (root / "made").touch()
     return root
 
 
