@@ -4,9 +4,6 @@ fields the fixture and the serving test write."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +83,19 @@ def test_the_serving_test_writes_only_declared_fields_and_each_declared_field_on
     assert len(names(SERVING_FIELDS)) == len(set(names(SERVING_FIELDS)))
 
 
-def test_the_plugin_writes_the_format_and_the_declared_case_fields(tmp_path: Path) -> None:
-    """One smoke case on this CPU: machine_info carries the format, and the record holds
-    every required declared field and nothing undeclared."""
+def test_the_plugin_writes_the_format_and_the_declared_case_fields(
+    inprocess_ready: None, pytester: pytest.Pytester, tmp_path: Path,
+) -> None:
+    """One smoke case of the suite on this CPU, a session inside this process: machine_info
+    carries the format, and the record holds every required declared field and nothing
+    undeclared."""
     out = tmp_path / "run.json"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "bench/test_experiments.py", "-k", "units-128", "--profile", "smoke",
-         "--epochs", "2", "--device", "cpu", "-q", "-p", "no:cacheprovider", f"--benchmark-json={out}",
-         f"--series-dir={tmp_path / 'series'}"],
-        cwd=ROOT, env=env, check=True, capture_output=True,
+    result = pytester.runpytest_inprocess(
+        str(ROOT / "bench" / "test_experiments.py"), f"--rootdir={ROOT}", "-k", "units-128", "--profile", "smoke",
+        "--epochs", "2", "--device", "cpu", "-q", "-p", "no:cacheprovider", f"--benchmark-json={out}",
+        f"--series-dir={tmp_path / 'series'}",
     )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-2000:]
     run = json.loads(out.read_text())
     assert run["machine_info"]["loadbench"][FORMAT_KEY] == RECORD_FORMAT
     (bench,) = run["benchmarks"]
