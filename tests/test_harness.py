@@ -577,16 +577,17 @@ def test_a_long_case_shows_progress_without_verbose(bench, pytester) -> None:
 
 
 @pytest.mark.slow
-def test_an_unstored_serving_run_writes_nothing_where_it_runs(tmp_path) -> None:
+def test_an_unstored_serving_run_writes_nothing_where_it_runs(inprocess_ready, pytester, monkeypatch) -> None:
     """The serving case trains its model; unstored, it keeps it in a folder of the session's
     own, not in `.benchmarks/trained-models/` under the working directory."""
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(root / "bench" / "test_inference.py"), "-k", "blocks-3-fp32-torch",
-         "-p", "no:cacheprovider", "-q", "--device=cpu", "--profile=smoke", f"--rootdir={root}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "LOADBENCH_MODEL_CACHE": ""},
+    work = pytester.mkdir("work")  # pytester's own folder is HOME for the run, too
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("LOADBENCH_MODEL_CACHE", "")
+    result = pytester.runpytest_inprocess(
+        str(root / "bench" / "test_inference.py"), "-k", "blocks-3-fp32-torch", "-p", "no:cacheprovider", "-q",
+        "--device=cpu", "--profile=smoke", f"--rootdir={root}",
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "1 passed" in done.stdout
+    result.assert_outcomes(passed=1, deselected=result.parseoutcomes().get("deselected", 0))
     # pytest-benchmark makes its (empty) storage folder wherever it runs; nothing of ours is in it
-    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] in ([], [Path(".benchmarks")])
+    assert [p.relative_to(work) for p in work.rglob("*")] in ([], [Path(".benchmarks")])
