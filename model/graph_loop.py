@@ -40,8 +40,10 @@ class GraphEpoch:
         batch_size: int,
         generator: torch.Generator,
         whole_epoch: bool,
+        fused_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
         self.step, self.model, self.optimizer = step, model, optimizer
+        self.fused_step = fused_step  # (index, total): the whole step, adding its loss sum to total
         self.x, self.y, self.generator = x, y, generator
         self.whole_epoch = whole_epoch
         self.steps_per_graph = STEPS_PER_GRAPH
@@ -75,6 +77,9 @@ class GraphEpoch:
         return float(self.total) / self.n
 
     def _step_at(self, index: torch.Tensor) -> None:
+        if self.fused_step is not None:
+            self.fused_step(index, self.total)
+            return
         self.total += self.step(self.x[index], self.y[index]) * len(index)
 
     def _warm_up(self) -> None:

@@ -207,6 +207,7 @@ class TrainResult:
     optimizer_impl: str
     loop: str  # the loop that ran: a 'graph' request falls back to 'fast' where capture is impossible
     notes: list[str] = field(default_factory=list)
+    step_route: str = "layers"  # 'fused-step' (one launch per step) or 'layers (why)'; see Trainer
 
     @property
     def final_loss(self) -> float:
@@ -253,9 +254,32 @@ class Trainer:
         self.notes: list[str] = []
         if self.loop != config.loop:
             self.notes.append(f"loop {config.loop!r} runs as {self.loop!r} on {self.device.type}")
+        self.fused_step, self.step_route = self._make_fused_step()
         self.epoch_seconds: list[float] = []
         self.losses: list[float] = []
         self._epoch = self._make_epoch()
+
+    def _make_fused_step(self) -> tuple[Callable[[torch.Tensor, torch.Tensor], None] | None, str]:
+        """kernels/ops/mlp_step.py's one-launch step where the kernel axis asks for it and
+        the shape fits, and the route that runs: 'fused-step', or 'layers' and why not."""
+        config = self.config
+        if config.impl != Impl.TRITON or config.optimizer_impl != OptimizerImpl.TRITON:
+            return None, "layers"
+        from kernels.ops import mlp_step
+
+        layers = [*self.model.hidden, self.model.head]
+        reason = mlp_step.FusedStep.usable(layers, min(config.batch_size, len(self.data.y_train)))
+        if not mlp_step.ENABLED:
+            reason = "LOADBENCH_FUSED_STEP=0, the default"
+        elif self.loop == Loop.REFERENCE:
+            reason = "the reference loop's batches come from a DataLoader"
+        if reason is not None:
+            return None, f"layers ({reason})"
+        fused = mlp_step.FusedStep(
+            self.data.x_train, self.data.y_train, layers, self.optimizer, config.activation, config.precision,
+            min(config.batch_size, len(self.data.y_train)),
+        )
+        return fused, "fused-step"
 
     def _make_epoch(self) -> Callable[[], float]:
         if self.loop == Loop.REFERENCE:
@@ -264,6 +288,7 @@ class Trainer:
             return GraphEpoch(
                 self.step, self.model, self.optimizer, self.data.x_train, self.data.y_train,
                 self.config.batch_size, self.generator, whole_epoch=self.loop == Loop.GRAPH,
+                fused_step=self.fused_step,
             )
         return self._fast_epoch
 
@@ -282,6 +307,8 @@ class Trainer:
             loss = self._epoch()
             synchronize(self.device)
             seconds = self.clock() - start
+        if self.fused_step is not None:
+            self.fused_step.check()
         self.epoch_seconds.append(seconds)
         self.losses.append(loss)
         if on_epoch is not None:
@@ -310,6 +337,10 @@ class Trainer:
         x_all, y_all = self.data.x_train, self.data.y_train
 
         def step_on(index: torch.Tensor) -> torch.Tensor:
+            if self.fused_step is not None:
+                total = torch.zeros((), device=self.device)
+                self.fused_step(index, total)
+                return total
             return self.step(x_all[index], y_all[index]) * len(index)
 
         total = shuffled_epoch_total(len(y_all), self.config.batch_size, self.device, self.generator, step_on)
@@ -351,6 +382,7 @@ class Trainer:
             optimizer_impl=self.optimizer_impl,
             loop=self.loop,
             notes=list(self.notes),
+            step_route=self.step_route,
         )
 
 

@@ -62,6 +62,7 @@ CASE_FIELDS: tuple[Field, ...] = (
     Field("dataset", "the data trained on, described"),
     Field("loop_ran", "the training loop that ran"),
     Field("optimizer_impl", "the optimizer implementation that ran"),
+    Field("step_route", "how a step ran: 'fused-step' (one launch) or 'layers (why not fused)'", optional=True),
     Field("notes", "what the trainer changed or fell back to, in words"),
     Field(EPOCH_SECONDS_BY_ROUND, "per training, the seconds of each epoch (the first is the warm-up)"),
     Field("first_epoch_s", "the warm-up epoch's seconds, compilation and capture included"),

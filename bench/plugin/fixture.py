@@ -201,6 +201,7 @@ class LoadBench:
             "dataset": data.describe(),
             "loop_ran": result.loop,
             "optimizer_impl": result.optimizer_impl,
+            "step_route": result.step_route,
             "notes": result.notes,
             "epoch_seconds_by_round": rounds,
             "first_epoch_s": rounds[-1][0],

@@ -60,6 +60,48 @@ def _next_step(step_ptr):
 
 
 @triton.jit
+def adam_update(
+    p, g, m, v, step, LR: tl.constexpr, BETA1: tl.constexpr, BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr,
+    LOG2_BETA2: tl.constexpr, EPS: tl.constexpr, WEIGHT_DECAY: tl.constexpr,
+):
+    """Adam at fp64 step count `step` (already advanced): the new (param, exp_avg, exp_avg_sq)."""
+    step_size = (LR / (1.0 - tl.exp2(step * LOG2_BETA1))).to(tl.float32)  # lr / (1 - beta1^step)
+    bias2_sqrt = tl.sqrt(1.0 - tl.exp2(step * LOG2_BETA2)).to(tl.float32)
+    g = g + WEIGHT_DECAY * p
+    m = m + (1.0 - BETA1) * (g - m)  # exp_avg.lerp_(grad, 1 - beta1)
+    v = v * BETA2 + (1.0 - BETA2) * (g * g)
+    denom = tl.div_rn(tl.sqrt_rn(v), bias2_sqrt) + EPS
+    return p - step_size * tl.div_rn(m, denom), m, v
+
+
+@triton.jit
+def sgd_update(p, g, buf, LR: tl.constexpr, MOMENTUM: tl.constexpr, WEIGHT_DECAY: tl.constexpr):
+    """SGD with momentum: the new (param, momentum_buffer); a zero buffer takes the first gradient."""
+    g = g + WEIGHT_DECAY * p
+    buf = buf * MOMENTUM + g
+    return p - LR * buf, buf
+
+
+@triton.jit
+def adagrad_update(
+    p, g, s, step, LR: tl.constexpr, LR_DECAY: tl.constexpr, EPS: tl.constexpr, WEIGHT_DECAY: tl.constexpr,
+):
+    """Adagrad at fp64 step count `step` (already advanced): the new (param, sum)."""
+    clr = (LR / (1.0 + (step - 1.0) * LR_DECAY)).to(tl.float32)
+    g = g + WEIGHT_DECAY * p
+    s = s + g * g
+    return p - clr * tl.div_rn(g, tl.sqrt_rn(s) + EPS), s
+
+
+@triton.jit
+def rmsprop_update(p, g, sq, LR: tl.constexpr, ALPHA: tl.constexpr, EPS: tl.constexpr, WEIGHT_DECAY: tl.constexpr):
+    """RMSprop, not centered: the new (param, square_avg)."""
+    g = g + WEIGHT_DECAY * p
+    sq = sq * ALPHA + (1.0 - ALPHA) * (g * g)
+    return p - LR * tl.div_rn(g, tl.sqrt_rn(sq) + EPS), sq
+
+
+@triton.jit
 def _adam_kernel(
     param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, step_ptr, n,
     LR: tl.constexpr, BETA1: tl.constexpr, BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr,
@@ -67,15 +109,12 @@ def _adam_kernel(
 ):
     offs, mask = _block(n, BLOCK)
     step = _next_step(step_ptr)
-    step_size = (LR / (1.0 - tl.exp2(step * LOG2_BETA1))).to(tl.float32)  # lr / (1 - beta1^step)
-    bias2_sqrt = tl.sqrt(1.0 - tl.exp2(step * LOG2_BETA2)).to(tl.float32)
-    p = tl.load(param_ptr + offs, mask=mask)
-    g = tl.load(grad_ptr + offs, mask=mask) + WEIGHT_DECAY * p
-    m = tl.load(exp_avg_ptr + offs, mask=mask)
-    m = m + (1.0 - BETA1) * (g - m)  # exp_avg.lerp_(grad, 1 - beta1)
-    v = tl.load(exp_avg_sq_ptr + offs, mask=mask) * BETA2 + (1.0 - BETA2) * (g * g)
-    denom = tl.div_rn(tl.sqrt_rn(v), bias2_sqrt) + EPS
-    tl.store(param_ptr + offs, p - step_size * tl.div_rn(m, denom), mask=mask)
+    p, m, v = adam_update(
+        tl.load(param_ptr + offs, mask=mask), tl.load(grad_ptr + offs, mask=mask),
+        tl.load(exp_avg_ptr + offs, mask=mask), tl.load(exp_avg_sq_ptr + offs, mask=mask), step,
+        LR, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, EPS, WEIGHT_DECAY,
+    )
+    tl.store(param_ptr + offs, p, mask=mask)
     tl.store(exp_avg_ptr + offs, m, mask=mask)
     tl.store(exp_avg_sq_ptr + offs, v, mask=mask)
 
@@ -87,10 +126,11 @@ def _sgd_kernel(
 ):
     offs, mask = _block(n, BLOCK)
     _next_step(step_ptr)
-    p = tl.load(param_ptr + offs, mask=mask)
-    g = tl.load(grad_ptr + offs, mask=mask) + WEIGHT_DECAY * p
-    buf = tl.load(buf_ptr + offs, mask=mask) * MOMENTUM + g  # a zero buffer takes the first gradient
-    tl.store(param_ptr + offs, p - LR * buf, mask=mask)
+    p, buf = sgd_update(
+        tl.load(param_ptr + offs, mask=mask), tl.load(grad_ptr + offs, mask=mask),
+        tl.load(buf_ptr + offs, mask=mask), LR, MOMENTUM, WEIGHT_DECAY,
+    )
+    tl.store(param_ptr + offs, p, mask=mask)
     tl.store(buf_ptr + offs, buf, mask=mask)
 
 
@@ -101,11 +141,11 @@ def _adagrad_kernel(
 ):
     offs, mask = _block(n, BLOCK)
     step = _next_step(step_ptr)
-    clr = (LR / (1.0 + (step - 1.0) * LR_DECAY)).to(tl.float32)
-    p = tl.load(param_ptr + offs, mask=mask)
-    g = tl.load(grad_ptr + offs, mask=mask) + WEIGHT_DECAY * p
-    s = tl.load(sum_ptr + offs, mask=mask) + g * g
-    tl.store(param_ptr + offs, p - clr * tl.div_rn(g, tl.sqrt_rn(s) + EPS), mask=mask)
+    p, s = adagrad_update(
+        tl.load(param_ptr + offs, mask=mask), tl.load(grad_ptr + offs, mask=mask),
+        tl.load(sum_ptr + offs, mask=mask), step, LR, LR_DECAY, EPS, WEIGHT_DECAY,
+    )
+    tl.store(param_ptr + offs, p, mask=mask)
     tl.store(sum_ptr + offs, s, mask=mask)
 
 
@@ -116,17 +156,18 @@ def _rmsprop_kernel(
 ):
     offs, mask = _block(n, BLOCK)
     _next_step(step_ptr)
-    p = tl.load(param_ptr + offs, mask=mask)
-    g = tl.load(grad_ptr + offs, mask=mask) + WEIGHT_DECAY * p
-    sq = tl.load(square_avg_ptr + offs, mask=mask) * ALPHA + (1.0 - ALPHA) * (g * g)
-    tl.store(param_ptr + offs, p - LR * tl.div_rn(g, tl.sqrt_rn(sq) + EPS), mask=mask)
+    p, sq = rmsprop_update(
+        tl.load(param_ptr + offs, mask=mask), tl.load(grad_ptr + offs, mask=mask),
+        tl.load(square_avg_ptr + offs, mask=mask), LR, ALPHA, EPS, WEIGHT_DECAY,
+    )
+    tl.store(param_ptr + offs, p, mask=mask)
     tl.store(square_avg_ptr + offs, sq, mask=mask)
 
 
 KERNELS = {"adam": _adam_kernel, "sgd": _sgd_kernel, "adagrad": _adagrad_kernel, "rmsprop": _rmsprop_kernel}
 
 
-def _constants(algorithm: str, group: dict[str, object]) -> dict[str, float]:
+def constants(algorithm: str, group: dict[str, object]) -> dict[str, float]:
     """A param group's hyperparameters as the kernel's constants."""
     out = {"LR": float(group["lr"]), "WEIGHT_DECAY": float(group["weight_decay"])}  # type: ignore[arg-type]
     if algorithm == "adam":
@@ -224,6 +265,6 @@ class FlatOptimizer(torch.optim.Optimizer):
         buffers = [state[name] for name in STATE[self.algorithm]]
         KERNELS[self.algorithm][(len(state["step"]),)](
             flat, flat.grad, *buffers, state["step"], flat.numel(),
-            **_constants(self.algorithm, self.param_groups[0]), BLOCK=BLOCK, num_warps=NUM_WARPS,
+            **constants(self.algorithm, self.param_groups[0]), BLOCK=BLOCK, num_warps=NUM_WARPS,
         )
         return loss

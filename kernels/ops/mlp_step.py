@@ -1,0 +1,543 @@
+"""The whole MLP training step in one launch: forward, loss, backward and optimizer update.
+
+P programs (one or two per SM, all resident) walk the step in phases between grid
+barriers: the hidden forward tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per
+layer its input-gradient tiles beside the next layer's weight-gradient tiles, each with
+the optimizer in its epilogue; last dW_1 and dW_0. A weight is updated one phase after
+the last read of its old value, and each dW tile is reduced by one program in order: a
+step is deterministic and its bits do not depend on P. Parameters, gradients and state
+are a `kernels.ops.optim.FlatOptimizer`'s, so either route continues the other's run.
+Under the interpreter P = 1 and a barrier passes at once, so CPU tests run this code; a
+barrier that waits too long sets a flag `check` raises on, rather than hang the device.
+The trainer takes this route only with LOADBENCH_FUSED_STEP=1: at fp32 it is still
+slower than the layer kernels. The math, phases, timings: docs/results-kernels.md.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import env
+from kernels.ops.activations import LEAKY_SLOPE
+from kernels.ops.activations import activation
+from kernels.ops.activations import activation_grad
+from kernels.ops.optim import STATE
+from kernels.ops.optim import FlatOptimizer
+from kernels.ops.optim import adagrad_update
+from kernels.ops.optim import adam_update
+from kernels.ops.optim import constants
+from kernels.ops.optim import rmsprop_update
+from kernels.ops.optim import sgd_update
+from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import STRICT_FP32
+from kernels.plan.launch_plan import cdiv
+from kernels.plan.launch_plan import next_power_of_2
+
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+MAX_CLASSES = 64  # the head tile holds a row's logits whole
+MAX_SCRATCH_BYTES = 1 << 30
+SPIN_LIMIT = 1 << 20  # barrier polls before giving up: about half a second, thousands of phases
+ALGORITHMS = {"adam": 0, "sgd": 1, "adagrad": 2, "rmsprop": 3}
+DOTS = {"fp32": None, "tf32": "tf32", "bf16": "bf16"}  # fp32: STRICT_FP32's mode ('tf32x3' or 'ieee')
+HYPERPARAMETERS = ("LR", "WEIGHT_DECAY", "EPS", "BETA1", "BETA2", "LOG2_BETA1", "LOG2_BETA2", "MOMENTUM", "LR_DECAY",
+                   "ALPHA")
+
+
+def enabled_from_env(value: str | None) -> bool:
+    """LOADBENCH_FUSED_STEP: '1' (this step) or '0' (the default: the layer kernels, which
+    are faster on an H100 and an H200 so far; docs/results-kernels.md)."""
+    return env.parse("LOADBENCH_FUSED_STEP", value) == "1"
+
+
+ENABLED = enabled_from_env(os.environ.get("LOADBENCH_FUSED_STEP"))
+
+
+# ----------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _dot(a, b, acc, DOT: tl.constexpr):
+    """acc + a @ b in fp32: bf16 operands for 'bf16', else fp32 at input precision DOT."""
+    if DOT == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT)
+
+
+@triton.jit
+def _stamp(times_ptr, column, TIMING: tl.constexpr):
+    """With TIMING, this program's %globaltimer (ns) into its row of times_ptr (docs only)."""
+    if TIMING:
+        tl.store(times_ptr + tl.program_id(0) * 32 + column, tl.extra.cuda.globaltimer())
+
+
+@triton.jit
+def _barrier(bar_ptr, flag_ptr, P, SPIN: tl.constexpr, times_ptr, slot, TIMING: tl.constexpr):
+    """Wait until all P programs have arrived. The counter only grows, by P per barrier,
+    so an arrival's old value names its barrier; after SPIN polls the program sets
+    the flag and goes on (a wrong result, caught by `check`, rather than a hung device)."""
+    tl.debug_barrier()
+    _stamp(times_ptr, 1 + 2 * slot, TIMING)
+    old = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
+    target = old - old % P + P
+    seen = old + 1
+    polls = 0
+    # Poll with plain loads (an atomic per poll from every SM queues behind the arrivals
+    # on the counter's one L2 slice), then one acquiring read orders what follows.
+    while (seen < target) & (polls < SPIN):
+        seen = tl.load(bar_ptr, volatile=True)
+        polls += 1
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    if seen < target:
+        tl.atomic_xchg(flag_ptr, 1)
+    _stamp(times_ptr, 2 + 2 * slot, TIMING)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER: tl.constexpr, a_ptr, W_MAX):
+    """Row starts of a layer input: X's rows at the batch's indices, or scratch rows."""
+    if GATHER:
+        return x_ptr + tl.load(idx_ptr + offs_m, mask=offs_m < M, other=0) * F
+    else:
+        return a_ptr + offs_m.to(tl.int64) * W_MAX
+
+
+@triton.jit
+def _load_a(rows, offs_k, offs_m, M, K, GATHER: tl.constexpr):
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+    if GATHER:
+        return tl.load(rows[:, None] + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    else:  # written by other programs this launch: read through L2, not a stale L1 line
+        return tl.load(rows[:, None] + offs_k[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def _forward_tile(
+    t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, M, N, K, F, W_MAX, slope,
+    GATHER: tl.constexpr, SAVE_Z: tl.constexpr, ACTIVATION: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Tile t of A_{i+1} = act(A_i @ W_i.T + b_i) (and Z_i for silu) into scratch."""
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    offs_m = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER, a_ptr, W_MAX)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER)
+        w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
+                    mask=(offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K), other=0.0)
+        acc = _dot(a, w, acc, DOT)
+    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    out = offs_m[:, None].to(tl.int64) * W_MAX + offs_n[None, :]
+    tl.store(out_ptr + out, activation(z, ACTIVATION, slope), mask=mask)
+    if SAVE_Z:
+        tl.store(z_ptr + out, z, mask=mask)
+
+
+@triton.jit
+def _head_tile(
+    t, y_ptr, idx_ptr, a_ptr, saved_ptr, w_ptr, b_ptr, g_ptr, g_prev_ptr, part_ptr, M, C, K, W_MAX, inv_m, slope, one,
+    ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    HEAD_K: tl.constexpr,
+):
+    """Tile t = (rows r, columns c) of the head: the logits of BLOCK_M rows, and from them
+    G_{L-2} = (G_{L-1} @ W_{L-1}) * act'(.) for column block c of BLOCK_K. Every column
+    block of a row block recomputes its rows' logits (a few MFLOP) so that the phase has
+    as many tiles as G_{L-2}, not one per row block; block 0 stores G_{L-1} and the rows'
+    summed loss into part_ptr[r]."""
+    chunks = tl.cdiv(K, BLOCK_K)
+    r = t // chunks
+    offs_m = r * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_k = tl.arange(0, HEAD_K)
+    row_ok = offs_m < M
+    col_ok = offs_c < C
+    rows = a_ptr + offs_m.to(tl.int64) * W_MAX
+    acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+    for k0 in range(0, K, HEAD_K):
+        a = _load_a(rows, k0 + offs_k, offs_m, M, K, False)
+        w = tl.load(w_ptr + offs_c[None, :] * K + (k0 + offs_k)[:, None],
+                    mask=col_ok[None, :] & ((k0 + offs_k)[:, None] < K), other=0.0)
+        acc = _dot(a, w, acc, DOT)
+    z = acc + tl.load(b_ptr + offs_c, mask=col_ok, other=0.0)[None, :]
+    z = tl.where(col_ok[None, :], z, float("-inf"))
+    peak = tl.max(z, axis=1)
+    e = tl.exp(z - peak[:, None])
+    total = tl.sum(e, axis=1)
+    lse = peak + tl.log(total)
+    target = tl.load(y_ptr + tl.load(idx_ptr + offs_m, mask=row_ok, other=0), mask=row_ok, other=0)
+    hit = offs_c[None, :] == target[:, None]
+    g = (e / total[:, None] - hit.to(tl.float32)) * inv_m
+    g = tl.where(row_ok[:, None] & col_ok[None, :], g, 0.0)
+    if t % chunks == 0:
+        loss = lse - tl.sum(tl.where(hit, z, 0.0), axis=1)
+        tl.store(part_ptr + r, tl.sum(tl.where(row_ok, loss, 0.0), axis=0))
+        tl.store(g_ptr + offs_m[:, None].to(tl.int64) * W_MAX + offs_c[None, :], g,
+                 mask=row_ok[:, None] & col_ok[None, :])
+    cols = (t % chunks) * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + offs_c[:, None] * K + cols[None, :], mask=col_ok[:, None] & (cols[None, :] < K), other=0.0)
+    dh = _dot(g, w, tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32), DOT)
+    out = offs_m[:, None].to(tl.int64) * W_MAX + cols[None, :]
+    mask = row_ok[:, None] & (cols[None, :] < K)
+    saved = tl.load(saved_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(g_prev_ptr + out, activation_grad(dh, saved, ACTIVATION, slope, one), mask=mask)
+
+
+@triton.jit
+def _input_grad_tile(
+    t, g_ptr, saved_ptr, w_ptr, g_prev_ptr, M, N, K, W_MAX, slope, one,
+    ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Tile t of G_{i-1} = (G_i @ W_i) * act'(.): (M, K) out, reduced over W_i's N rows."""
+    tiles_k = tl.cdiv(K, BLOCK_N)
+    offs_m = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_K)
+    rows = g_ptr + offs_m.to(tl.int64) * W_MAX
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for n0 in range(0, N, BLOCK_K):
+        g = _load_a(rows, n0 + offs_r, offs_m, M, N, False)
+        w = tl.load(w_ptr + (n0 + offs_r)[:, None] * K + offs_k[None, :],
+                    mask=((n0 + offs_r)[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+        acc = _dot(g, w, acc, DOT)
+    out = offs_m[:, None].to(tl.int64) * W_MAX + offs_k[None, :]
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+    saved = tl.load(saved_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(g_prev_ptr + out, activation_grad(acc, saved, ACTIVATION, slope, one), mask=mask)
+
+
+@triton.jit
+def _update(
+    p_ptr, g_ptr, s1_ptr, s2_ptr, offs, mask, grad, step,
+    ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
+    BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
+    LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
+):
+    """Store `grad` at offs and apply the optimizer to the parameters and state there."""
+    tl.store(g_ptr + offs, grad, mask=mask)
+    p = tl.load(p_ptr + offs, mask=mask)
+    s1 = tl.load(s1_ptr + offs, mask=mask)
+    if ALGORITHM == 0:
+        p, s1, s2 = adam_update(p, grad, s1, tl.load(s2_ptr + offs, mask=mask), step,
+                                LR, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, EPS, WEIGHT_DECAY)
+        tl.store(s2_ptr + offs, s2, mask=mask)
+    elif ALGORITHM == 1:
+        p, s1 = sgd_update(p, grad, s1, LR, MOMENTUM, WEIGHT_DECAY)
+    elif ALGORITHM == 2:
+        p, s1 = adagrad_update(p, grad, s1, step, LR, LR_DECAY, EPS, WEIGHT_DECAY)
+    else:
+        p, s1 = rmsprop_update(p, grad, s1, LR, ALPHA, EPS, WEIGHT_DECAY)
+    tl.store(p_ptr + offs, p, mask=mask)
+    tl.store(s1_ptr + offs, s1, mask=mask)
+
+
+@triton.jit
+def _weight_tile(
+    t, x_ptr, idx_ptr, a_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, N, K, F, W_MAX, step,
+    GATHER: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
+    BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
+    LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
+):
+    """Tile t of dW_i = G_i.T @ A_i (BLOCK_M of W's rows by BLOCK_N of its columns),
+    reduced over the batch in order, and db_i from the tiles of column 0; each goes
+    through the optimizer while still in registers."""
+    tiles_k = tl.cdiv(K, BLOCK_N)
+    offs_n = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # db summed as a tile and reduced after the loop: a reduction carried through the
+    # loop fails Triton 3.6's thread-locality pass.
+    gsum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for m0 in range(0, M, BLOCK_K):
+        offs_b = m0 + offs_r
+        gt = tl.load(g_ptr + offs_b[None, :].to(tl.int64) * W_MAX + offs_n[:, None],
+                     mask=(offs_b[None, :] < M) & (offs_n[:, None] < N), other=0.0, cache_modifier=".cg")
+        rows = _rows_of(x_ptr, idx_ptr, offs_b, M, F, GATHER, a_ptr, W_MAX)
+        a = _load_a(rows, offs_k, offs_b, M, K, GATHER)
+        acc = _dot(gt, a, acc, DOT)
+        gsum += gt
+    db = tl.sum(gsum, axis=1)
+    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
+    _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off + offs_n[:, None] * K + offs_k[None, :], mask, acc, step,
+            ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+    if t % tiles_k == 0:
+        _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, b_off + offs_n, offs_n < N, db, step,
+                ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+
+
+@triton.jit
+def _step_kernel(
+    x_ptr, y_ptr, idx_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, step_ptr, n_steps, layout_ptr,
+    act_ptr, z_ptr, g_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr,
+    M, F, C, M_MAX, W_MAX, inv_m, slope, one,
+    L: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
+    ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
+    BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
+    LR_DECAY: tl.constexpr, ALPHA: tl.constexpr, SPIN: tl.constexpr, times_ptr, TIMING: tl.constexpr,
+):
+    """One training step of an L-layer MLP on the batch X[idx[:M]] (see the module docstring).
+
+    layout_ptr: int64 (L, 4) of each layer's weight offset, bias offset, N and K in the
+    flat buffers. Scratch layer j (act, z, g) starts at j * M_MAX * W_MAX, rows W_MAX apart:
+    act[j] holds A_j (j >= 1), z[j] Z_{j-1} (silu), g[j] G_j."""
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    plane = M_MAX * W_MAX
+    step = tl.load(step_ptr).to(tl.float64) + 1.0
+    _stamp(times_ptr, 0, TIMING)
+    if TIMING:
+        tl.store(times_ptr + pid * 32 + 31, tl.extra.cuda.smid().to(tl.int64))
+    # Forward through the hidden layers.
+    for i in tl.static_range(L - 1):
+        w_off = tl.load(layout_ptr + 4 * i)
+        b_off = tl.load(layout_ptr + 4 * i + 1)
+        N = tl.load(layout_ptr + 4 * i + 2)
+        K = tl.load(layout_ptr + 4 * i + 3)
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for t in range(pid, tiles, P):
+            _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
+                          act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, M, N, K, F, W_MAX, slope,
+                          i == 0, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+        _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING)
+    # The head, the loss, G_{L-1} and G_{L-2}.
+    h = L - 1
+    w_off = tl.load(layout_ptr + 4 * h)
+    b_off = tl.load(layout_ptr + 4 * h + 1)
+    K = tl.load(layout_ptr + 4 * h + 3)
+    saved = z_ptr  # the host passes act as z where no Z is kept
+    for t in range(pid, tl.cdiv(M, HEAD_M) * tl.cdiv(K, BLOCK_N), P):
+        _head_tile(t, y_ptr, idx_ptr, act_ptr + h * plane, saved + h * plane, p_ptr + w_off, p_ptr + b_off,
+                   g_ptr + h * plane, g_ptr + (h - 1) * plane, part_ptr, M, C, K, W_MAX, inv_m, slope, one,
+                   ACTIVATION, DOT, HEAD_M, BLOCK_C, BLOCK_N, HEAD_K)
+    _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L - 1, TIMING)
+    # G_{i-1} for i = L-2 .. 1, beside dW_{i+1}: layer i+1's old weights were last read in
+    # the phase before.
+    for j in tl.static_range(L - 2):
+        i = L - 2 - j
+        N = tl.load(layout_ptr + 4 * i + 2)
+        K = tl.load(layout_ptr + 4 * i + 3)
+        data_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(K, BLOCK_N)
+        u = i + 1
+        Nu = tl.load(layout_ptr + 4 * u + 2)
+        Ku = tl.load(layout_ptr + 4 * u + 3)
+        tiles = data_tiles + tl.cdiv(Nu, BLOCK_M) * tl.cdiv(Ku, BLOCK_N)
+        for t in range(pid, tiles, P):
+            if t < data_tiles:
+                _input_grad_tile(t, g_ptr + i * plane, saved + i * plane, p_ptr + tl.load(layout_ptr + 4 * i),
+                                 g_ptr + (i - 1) * plane, M, N, K, W_MAX, slope, one,
+                                 ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                _weight_tile(t - data_tiles, x_ptr, idx_ptr, act_ptr + u * plane, g_ptr + u * plane, p_ptr, grad_ptr,
+                             s1_ptr, s2_ptr, tl.load(layout_ptr + 4 * u), tl.load(layout_ptr + 4 * u + 1),
+                             M, Nu, Ku, F, W_MAX, step, False, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                             ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
+                             LR_DECAY, ALPHA)
+        _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING)
+    # dW_1 and dW_0; program 0 adds the batch's loss to the total and advances the step counts.
+    N1 = tl.load(layout_ptr + 4 + 2)
+    K1 = tl.load(layout_ptr + 4 + 3)
+    tiles1 = tl.cdiv(N1, BLOCK_M) * tl.cdiv(K1, BLOCK_N)
+    N0 = tl.load(layout_ptr + 2)
+    K0 = tl.load(layout_ptr + 3)
+    tiles = tiles1 + tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N)
+    for t in range(pid, tiles, P):
+        if t < tiles1:
+            _weight_tile(t, x_ptr, idx_ptr, act_ptr + plane, g_ptr + plane, p_ptr, grad_ptr, s1_ptr, s2_ptr,
+                         tl.load(layout_ptr + 4), tl.load(layout_ptr + 5), M, N1, K1, F, W_MAX, step,
+                         False, DOT, BLOCK_M, BLOCK_N, BLOCK_K, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2,
+                         LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+        else:
+            _weight_tile(t - tiles1, x_ptr, idx_ptr, act_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr,
+                         tl.load(layout_ptr), tl.load(layout_ptr + 1), M, N0, K0, F, W_MAX, step,
+                         True, DOT, BLOCK_M, BLOCK_N, BLOCK_K, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2,
+                         LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+    _stamp(times_ptr, 4 * L - 3, TIMING)
+    if pid == 0:
+        offs = tl.arange(0, PARTS)
+        loss = tl.sum(tl.load(part_ptr + offs, mask=offs < tl.cdiv(M, HEAD_M), other=0.0, cache_modifier=".cg"), axis=0)
+        tl.store(total_ptr, tl.load(total_ptr) + loss)
+        tl.store(loss_ptr, loss * inv_m)
+        for s0 in range(0, n_steps, 1024):
+            counts = s0 + tl.arange(0, 1024)
+            tl.store(step_ptr + counts, step.to(tl.float32), mask=counts < n_steps)
+
+
+# --------------------------------------------------------------------- launching
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Tile sizes: BLOCK_M x BLOCK_N output tiles reduced BLOCK_K at a time; head rows HEAD_M;
+    warps and pipeline stages per program."""
+
+    m: int
+    n: int
+    k: int
+    head_m: int
+    warps: int
+    stages: int = 3
+    head_k: int = 128  # the head's reduction step: its logits are a short, latency-bound loop
+    per_sm: int = 1  # programs per SM, where the compiled kernel's registers and shared memory allow
+
+
+def blocks_for(rows: int, width: int, programs: int) -> Blocks:
+    """32 x 64 tiles where a hidden layer has enough of them for the programs, else
+    32-square ones (batch 64 on 512 units: 16 tiles of 32 x 64, 32 of 32 x 32); two
+    programs per SM where they fit (measured choices: docs/results-kernels.md)."""
+    if INTERPRETER:
+        return Blocks(16, 16, 16, 16, 4, head_k=16)
+    if cdiv(rows, 32) * cdiv(width, 64) >= programs // 2:
+        return Blocks(32, 64, 32, 16, 4, per_sm=2)
+    return Blocks(32, 32, 32, 16, 4, per_sm=2)
+
+
+def resident_per_sm(
+    wanted: int, regs_per_thread: int, shared_bytes: int, warps: int, regs_per_sm: int, shared_per_sm: int,
+    threads_per_sm: int,
+) -> int:
+    """Programs per SM, at most `wanted` and at least 1, that the SM holds at once: registers
+    go to warps 256 at a time, and the driver reserves 1 KiB of shared memory per block."""
+    regs = -(-regs_per_thread * 32 // 256) * 256 * warps
+    fit = min(regs_per_sm // max(regs, 1), shared_per_sm // (shared_bytes + 1024), threads_per_sm // (32 * warps))
+    return max(1, min(wanted, fit))
+
+
+def unfit_reason(widths: list[int], classes: int, rows: int, in_features: int) -> str | None:
+    """Why a model of these layer widths (hidden then head) does not take the fused
+    step, or None where it does."""
+    if classes > MAX_CLASSES:
+        return f"{classes} classes > {MAX_CLASSES}"
+    if len(widths) < 2:
+        return "no hidden layer"
+    scratch = 3 * len(widths) * rows * max(widths + [in_features]) * 4
+    if scratch > MAX_SCRATCH_BYTES:
+        return f"scratch of {scratch >> 20} MiB > {MAX_SCRATCH_BYTES >> 20} MiB"
+    return None
+
+
+class FusedStep:
+    """One launch per training step for an MLP whose parameters a FlatOptimizer holds.
+
+    `(index, total)` trains on rows `index` of `x`/`y`, adds the batch's summed loss to
+    `total` (a device scalar) and leaves its mean in `loss`. Build it with `usable`
+    first: it refuses what it cannot run.
+    """
+
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, layers: list[torch.nn.Linear], optimizer: FlatOptimizer,
+        activation_name: str, precision: str, batch: int,
+    ) -> None:
+        self.x, self.y = x.contiguous(), y.contiguous()
+        self.device = x.device
+        self.optimizer = optimizer
+        spans = {id(p): start for p, start, _ in optimizer.spans()}
+        self.widths = [m.out_features for m in layers]
+        self.layout = torch.tensor(
+            [[spans[id(m.weight)], spans[id(m.bias)], m.out_features, m.in_features] for m in layers],
+            dtype=torch.int64, device=self.device,
+        )
+        self.L = len(layers)
+        self.activation = ACTIVATIONS[activation_name]
+        self.save_z = activation_name == "silu"
+        self.dot = DOTS[precision] or STRICT_FP32
+        self.rows = batch
+        self.w_max = max(self.widths + [x.shape[1]])
+        self.classes = self.widths[-1]
+        self.programs = 1 if INTERPRETER else torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.blocks = blocks_for(batch, max(self.widths[:-1]), self.programs)
+        plane = batch * self.w_max
+        self.act = torch.zeros(self.L * plane, device=self.device)
+        self.z = torch.zeros(self.L * plane, device=self.device) if self.save_z else self.act
+        self.g = torch.zeros(self.L * plane, device=self.device)
+        self.parts = next_power_of_2(max(cdiv(batch, self.blocks.head_m), 2))
+        self.part = torch.zeros(self.parts, device=self.device)
+        self.loss = torch.zeros((), device=self.device)
+        self.barrier = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.flag = torch.zeros(1, dtype=torch.int32, device=self.device)
+        group = optimizer.param_groups[0]
+        hyper = {name: 0.0 for name in HYPERPARAMETERS}
+        hyper.update(constants(optimizer.algorithm, group))
+        self.hyper = hyper
+        self.algorithm = ALGORITHMS[optimizer.algorithm]
+        # Set `timing` for each program's %globaltimer at its start, at each barrier's
+        # arrival and departure and at its end: `times` (programs, 32) int64 ns.
+        self.timing = False
+        self.times = torch.zeros(self.programs, 32, dtype=torch.int64, device=self.device)
+        self.grid: int | None = None  # programs per launch, settled at the first
+
+    @staticmethod
+    def usable(layers: list[torch.nn.Linear], rows: int) -> str | None:
+        """None where the fused step runs these layers on batches of `rows`, else why not."""
+        return unfit_reason([m.out_features for m in layers], layers[-1].out_features, rows, layers[0].in_features)
+
+    def __call__(self, index: torch.Tensor, total: torch.Tensor) -> None:
+        m = index.numel()
+        if m > self.rows:
+            raise ValueError(f"FusedStep: a batch of {m} rows > the {self.rows} it was built for")
+        if self.grid is None:
+            self.grid = self._programs_that_fit(index, total)
+        args, kwargs = self._arguments(index, total)
+        _step_kernel[(self.grid,)](*args, **kwargs)
+
+    def _arguments(self, index: torch.Tensor, total: torch.Tensor) -> tuple[list, dict]:
+        flat = self.optimizer.flat
+        state = self.optimizer.state[flat]
+        buffers = [state[name] for name in STATE[self.optimizer.algorithm]]
+        s1 = buffers[0]
+        s2 = buffers[1] if len(buffers) > 1 else buffers[0]
+        m = index.numel()
+        b = self.blocks
+        args = [
+            self.x, self.y, index, flat, flat.grad, s1, s2, state["step"], state["step"].numel(), self.layout,
+            self.act, self.z, self.g, self.part, total, self.loss, self.barrier, self.flag,
+            m, self.x.shape[1], self.classes, self.rows, self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
+        ]
+        kwargs = dict(
+            L=self.L, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
+            BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, HEAD_M=b.head_m, HEAD_K=b.head_k,
+            BLOCK_C=max(16, next_power_of_2(self.classes)), PARTS=self.parts, ALGORITHM=self.algorithm,
+            SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
+            **self.hyper,
+        )
+        return args, kwargs
+
+    def _programs_that_fit(self, index: torch.Tensor, total: torch.Tensor) -> int:
+        """The grid: blocks.per_sm programs per SM where the compiled kernel's registers,
+        shared memory and threads let that many stay resident at once (a barrier waits
+        for every program, so all must be), else one per SM."""
+        if INTERPRETER or self.blocks.per_sm == 1:
+            return self.programs
+        args, kwargs = self._arguments(index, total)
+        kernel = _step_kernel.warmup(*args, grid=(self.programs,), **kwargs)
+        if hasattr(kernel, "_init_handles"):
+            kernel._init_handles()
+        props = torch.cuda.get_device_properties(self.device)
+        self.programs *= resident_per_sm(
+            self.blocks.per_sm, kernel.n_regs, kernel.metadata.shared, self.blocks.warps,
+            getattr(props, "regs_per_multiprocessor", 65536),
+            getattr(props, "shared_memory_per_multiprocessor", 228 * 1024),
+            getattr(props, "max_threads_per_multi_processor", 2048),
+        )
+        self.times = torch.zeros(self.programs, 32, dtype=torch.int64, device=self.device)
+        return self.programs
+
+    def check(self) -> None:
+        """Raise if a barrier of any step so far gave up waiting (one host read)."""
+        if int(self.flag.item()):
+            raise RuntimeError(
+                f"FusedStep: a grid barrier timed out ({self.programs} programs on {self.device}); "
+                "the step's results are wrong. Set LOADBENCH_FUSED_STEP=0 to train through the layer kernels"
+            )

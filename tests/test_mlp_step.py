@@ -1,0 +1,194 @@
+"""kernels/ops/mlp_step.py: the whole training step in one launch. On a CPU through
+Triton's interpreter (one program, so the grid barriers pass at once); on a GPU with a
+program per SM. Gradients against float64, the update against the flat optimizer's
+own kernel, the same bits twice, and the route the trainer records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.ops import mlp_step
+from kernels.ops.optim import FlatOptimizer
+from model.config import TrainConfig
+from model.data import load_dataset
+from model.mlp import MLP
+from model.train import OPTIMIZERS
+from model.train import Trainer
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+interpreter = pytest.mark.interpreter
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+def problem(width, depth, activation, optimizer, rows=2000, classes=10, seed=0):
+    """Data, two MLPs with the same weights (one behind a FusedStep, one for the layer
+    route through the same flat optimizer) and a float64 copy."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 75, generator=g).to(DEVICE)
+    y = torch.randint(0, classes, (rows,), generator=g).to(DEVICE)
+    torch.manual_seed(seed)
+    models = [MLP(75, width, depth, classes, activation).to(DEVICE) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    exact = MLP(75, width, depth, classes, activation).to(DEVICE).double()
+    exact.load_state_dict({k: v.double() for k, v in models[0].state_dict().items()})
+    _, settings = OPTIMIZERS[optimizer]
+    optims = [FlatOptimizer(list(m.parameters()), optimizer, **settings) for m in models]
+    return x, y, models, optims, exact
+
+
+def fused(x, y, model, optim, activation, batch, precision="fp32"):
+    return mlp_step.FusedStep(x, y, [*model.hidden, model.head], optim, activation, precision, batch)
+
+
+def rms(t):
+    return t.double().pow(2).mean().sqrt().item()
+
+
+@pytest.mark.parametrize(("width", "depth", "activation", "optimizer", "batch"), [
+    (48, 3, "leaky_relu", "adam", 40),   # partial tiles everywhere
+    (32, 1, "silu", "sgd", 33),          # one hidden layer: no middle phases; Z kept for silu
+    (40, 2, "tanh", "rmsprop", 24),
+    (16, 4, "sigmoid", "adagrad", 16),
+], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16"])
+def test_step_matches_float64_and_the_flat_optimizer(width, depth, activation, optimizer, batch) -> None:
+    x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer)
+    step = fused(x, y, ours, opt_ours, activation, batch)
+    index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:batch].to(DEVICE)
+    total = torch.full((), 0.5, device=DEVICE)
+    step(index, total)
+    step.check()
+
+    opt_layers.zero_grad()
+    loss = F.cross_entropy(layers(x[index]), y[index])
+    loss.backward()
+    F.cross_entropy(exact(x[index].double()), y[index]).backward()
+    opt_layers.step()
+
+    assert total.item() == pytest.approx(0.5 + loss.item() * batch, rel=1e-5)
+    assert step.loss.item() == pytest.approx(loss.item(), rel=1e-5)
+    grads = opt_ours.flat.grad
+    for (param, start, stop), reference, torch_param in zip(opt_ours.spans(), exact.parameters(), layers.parameters()):
+        want = reference.grad.flatten()
+        ours_err = rms(grads[start:stop].double() - want)
+        torch_err = rms(torch_param.grad.flatten().double() - want)
+        assert ours_err <= 1.5 * torch_err + 1e-5 * rms(want), (tuple(param.shape), ours_err, torch_err)
+    # The update is the flat optimizer's math on (nearly) the same gradient.
+    assert torch.allclose(opt_ours.flat, opt_layers.flat, rtol=1e-4, atol=1e-6)
+    state_ours, state_layers = opt_ours.state[opt_ours.flat], opt_layers.state[opt_layers.flat]
+    assert torch.equal(state_ours["step"], state_layers["step"])  # every program's count advanced once
+
+
+@interpreter
+def test_same_seed_same_bits() -> None:
+    runs = []
+    for _ in range(2):
+        x, y, (model, _), (optim, _), _ = problem(24, 2, "leaky_relu", "adam")
+        step = fused(x, y, model, optim, "leaky_relu", 32)
+        total = torch.zeros((), device=DEVICE)
+        for seed in (1, 2):
+            step(torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:32].to(DEVICE), total)
+        runs.append((optim.flat.detach().clone(), total.clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_a_timed_out_barrier_is_an_error_not_a_hang() -> None:
+    x, y, (model, _), (optim, _), _ = problem(16, 1, "relu", "sgd", rows=64)
+    step = fused(x, y, model, optim, "relu", 16)
+    step.check()  # nothing launched: no flag
+    step.flag.fill_(1)  # what a barrier that gave up leaves
+    with pytest.raises(RuntimeError, match="grid barrier timed out.*LOADBENCH_FUSED_STEP=0"):
+        step.check()
+
+
+def test_a_batch_larger_than_built_for_is_refused() -> None:
+    x, y, (model, _), (optim, _), _ = problem(16, 1, "relu", "sgd", rows=64)
+    step = fused(x, y, model, optim, "relu", 16)
+    with pytest.raises(ValueError, match="a batch of 17 rows > the 16 it was built for"):
+        step(torch.arange(17, device=DEVICE), torch.zeros((), device=DEVICE))
+
+
+def test_shapes_that_do_not_fit_say_why() -> None:
+    assert mlp_step.unfit_reason([512, 512, 10], 10, 512, 75) is None
+    assert mlp_step.unfit_reason([512, 100], 100, 512, 75) == f"100 classes > {mlp_step.MAX_CLASSES}"
+    assert mlp_step.unfit_reason([10], 10, 512, 75) == "no hidden layer"
+    assert "scratch of" in mlp_step.unfit_reason([1 << 16, 10], 10, 4096, 75)
+
+
+def test_programs_per_sm_are_what_stays_resident() -> None:
+    h100 = {"regs_per_sm": 65536, "shared_per_sm": 228 * 1024, "threads_per_sm": 2048}
+    # 255 registers a thread on 4 warps: 32 768 registers, two programs in 65 536.
+    assert mlp_step.resident_per_sm(2, 255, 24 * 1024, 4, **h100) == 2
+    assert mlp_step.resident_per_sm(4, 255, 24 * 1024, 4, **h100) == 2
+    assert mlp_step.resident_per_sm(2, 255, 24 * 1024, 8, **h100) == 1  # 65 536 on 8 warps
+    assert mlp_step.resident_per_sm(2, 128, 120 * 1024, 4, **h100) == 1  # shared memory binds
+    assert mlp_step.resident_per_sm(2, 255, 300 * 1024, 4, **h100) == 1  # never below one
+    assert mlp_step.resident_per_sm(1, 32, 1024, 4, **h100) == 1
+
+
+def test_the_switch_is_parsed_and_checked() -> None:
+    assert mlp_step.enabled_from_env(None) is False  # the default: the layer kernels
+    assert mlp_step.enabled_from_env("1") is True
+    with pytest.raises(ValueError, match="LOADBENCH_FUSED_STEP='yes'"):
+        mlp_step.enabled_from_env("yes")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_dataset("synthetic", scale=0.01, device=DEVICE)
+
+
+def config(**changes):
+    base = {"width": 16, "depth": 1, "batch_size": 256, "epochs": 1, "impl": "triton", "optimizer_impl": "triton",
+            "loop": "fast"}
+    return TrainConfig(**{**base, **changes})
+
+
+def test_the_trainer_records_which_route_ran(tiny, monkeypatch) -> None:
+    monkeypatch.setattr(mlp_step, "ENABLED", False)
+    assert Trainer(config(), tiny).step_route == "layers (LOADBENCH_FUSED_STEP=0, the default)"
+    monkeypatch.setattr(mlp_step, "ENABLED", True)
+    assert Trainer(config(), tiny).step_route == "fused-step"
+    assert Trainer(config(loop="reference"), tiny).step_route.startswith("layers (the reference loop")
+    assert Trainer(config(impl="torch"), tiny).step_route == "layers"
+    monkeypatch.setattr(mlp_step, "MAX_CLASSES", 4)
+    assert Trainer(config(), tiny).step_route == "layers (10 classes > 4)"
+
+
+@interpreter
+def test_an_epoch_through_the_fused_step_follows_the_layer_route(tiny, monkeypatch) -> None:
+    results = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(mlp_step, "ENABLED", enabled)
+        trainer = Trainer(config(), tiny)
+        trainer.fit()
+        results[enabled] = (trainer.result(), trainer.optimizer.flat.detach().clone())
+    (fused_run, fused_params), (layer_run, layer_params) = results[True], results[False]
+    assert fused_run.step_route == "fused-step" and layer_run.step_route.startswith("layers")
+    assert fused_run.losses[0] == pytest.approx(layer_run.losses[0], rel=1e-5)
+    assert torch.allclose(fused_params, layer_params, rtol=1e-4, atol=1e-6)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_study_shape_on_a_gpu(precision) -> None:
+    """3x512, batch 512, a program per SM: gradients against float64 (fp32 as close as
+    eager torch's; bf16 within bf16's rounding), the barrier flag clear, two runs equal."""
+    runs = []
+    for _ in range(2):
+        x, y, (model, _), (optim, _), exact = problem(512, 3, "leaky_relu", "adam")
+        step = fused(x, y, model, optim, "leaky_relu", 512, precision)
+        index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:512].to(DEVICE)
+        step(index, torch.zeros((), device=DEVICE))
+        step.check()
+        F.cross_entropy(exact(x[index].double()), y[index]).backward()
+        runs.append(optim.flat.detach().clone())
+        bound = 2e-6 if precision == "fp32" else 0.1
+        for (_, start, stop), reference in zip(optim.spans(), exact.parameters()):
+            want = reference.grad.flatten()
+            assert rms(optim.flat.grad[start:stop].double() - want) <= bound * rms(want)
+    assert torch.equal(runs[0], runs[1])
