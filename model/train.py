@@ -274,6 +274,8 @@ class Trainer:
         elif self.loop == Loop.REFERENCE:
             reason = "the reference loop's batches come from a DataLoader"
         if reason is not None:
+            if mlp_step.ENABLED:  # asked for and not given: the summary's notes say so
+                self.notes.append(f"the fused step did not run: {reason}")
             return None, f"layers ({reason})"
         fused = mlp_step.FusedStep(
             self.data.x_train, self.data.y_train, layers, self.optimizer, config.activation, config.precision,

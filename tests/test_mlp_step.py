@@ -149,13 +149,16 @@ def config(**changes):
 
 def test_the_trainer_records_which_route_ran(tiny, monkeypatch) -> None:
     monkeypatch.setattr(mlp_step, "ENABLED", False)
-    assert Trainer(config(), tiny).step_route == "layers (LOADBENCH_FUSED_STEP=0, the default)"
+    off = Trainer(config(), tiny)
+    assert off.step_route == "layers (LOADBENCH_FUSED_STEP=0, the default)" and off.notes == []
     monkeypatch.setattr(mlp_step, "ENABLED", True)
     assert Trainer(config(), tiny).step_route == "fused-step"
     assert Trainer(config(loop="reference"), tiny).step_route.startswith("layers (the reference loop")
     assert Trainer(config(impl="torch"), tiny).step_route == "layers"
     monkeypatch.setattr(mlp_step, "MAX_CLASSES", 4)
-    assert Trainer(config(), tiny).step_route == "layers (10 classes > 4)"
+    refused = Trainer(config(), tiny)
+    assert refused.step_route == "layers (10 classes > 4)"
+    assert refused.notes == ["the fused step did not run: 10 classes > 4"]
 
 
 @interpreter
