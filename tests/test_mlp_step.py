@@ -195,3 +195,24 @@ def test_the_study_shape_on_a_gpu(precision) -> None:
             want = reference.grad.flatten()
             assert rms(optim.flat.grad[start:stop].double() - want) <= bound * rms(want)
     assert torch.equal(runs[0], runs[1])
+
+
+def test_the_phase_table_reads_the_stamps() -> None:
+    from bench.tools.step_phases import Phase
+    from bench.tools.step_phases import phase_names
+    from bench.tools.step_phases import phases
+
+    assert phase_names(4) == ["F_0", "F_1", "F_2", "H", "D_2", "D_1", "last"]
+    assert phase_names(2) == ["F_0", "H", "last"]
+    # Two programs, two layers: start, (arrival, departure) per barrier, end; in ns.
+    stamps = [[0, 5000, 7000, 20000, 21000, 30000], [100, 6000, 7100, 19000, 21500, 40000]]
+    assert phases(stamps, 2) == [Phase("F_0", 5.9, 1.1), Phase("H", 13.0, 1.5), Phase("last", 18.5, None)]
+
+
+def test_the_phase_tool_refuses_without_a_gpu(capsys) -> None:
+    if CUDA:
+        pytest.skip("checks the no-GPU message")
+    from bench.tools.step_phases import main
+
+    assert main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""Where the one-launch training step's time goes, phase by phase (needs a CUDA GPU).
+
+    python -m bench.tools.step_phases                        # 3x512, batch 512, fp32
+    python -m bench.tools.step_phases --precision tf32 --per-sm 1 --batch 64
+
+Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps with CUDA
+events, then replays a few with %globaltimer stamps at every grid barrier and prints,
+per phase, the slowest program's work and the wait at the barrier after it, the
+reading behind docs/results-kernels.md's per-phase table ("kernels/ops/mlp_step.py").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tabulate import tabulate
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    work_us: float  # the slowest program's time from the previous barrier's departure to its arrival
+    barrier_us: float | None  # from the last arrival to the median departure; None after the last phase
+
+
+def phase_names(layers: int) -> list[str]:
+    """The step's phases for an MLP of `layers` Linear layers, in launch order."""
+    return [f"F_{i}" for i in range(layers - 1)] + ["H"] + [f"D_{i}" for i in range(layers - 2, 0, -1)] + ["last"]
+
+
+def phases(times: Sequence[Sequence[int]], layers: int) -> list[Phase]:
+    """Phases from FusedStep.times rows (ns: start, then arrival and departure per barrier,
+    then the end, one row per program)."""
+    names = phase_names(layers)
+    barriers = len(names) - 1
+    out = []
+    left = [row[0] for row in times]  # each program's departure from the previous barrier
+    for b, name in enumerate(names):
+        arrive = [row[1 + 2 * b] for row in times] if b < barriers else [row[2 * barriers + 1] for row in times]
+        work = max(a - d for a, d in zip(arrive, left)) / 1e3
+        wait = None
+        if b < barriers:
+            depart = sorted(row[2 + 2 * b] for row in times)
+            wait = (depart[len(depart) // 2] - max(arrive)) / 1e3
+            left = [row[2 + 2 * b] for row in times]
+        out.append(Phase(name, round(work, 2), None if wait is None else round(wait, 2)))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.step_phases", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--per-sm", type=int, choices=(1, 2), default=None,
+                        help="programs per SM (default: the kernel's choice)")
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("python -m bench.tools.step_phases: needs a CUDA GPU (the phases are timed with %globaltimer)",
+              file=sys.stderr)
+        return 2
+    from kernels.ops import mlp_step
+    from kernels.ops.optim import FlatOptimizer
+    from model.mlp import MLP
+    from model.train import OPTIMIZERS
+
+    torch.manual_seed(0)
+    rows = 20 * args.batch
+    x = torch.randn(rows, 75, device="cuda")
+    y = torch.randint(0, 10, (rows,), device="cuda")
+    model = MLP(75, args.width, args.depth, 10, "leaky_relu").cuda()
+    optimizer = FlatOptimizer(list(model.parameters()), "adam", **OPTIMIZERS["adam"][1])
+    step = mlp_step.FusedStep(x, y, [*model.hidden, model.head], optimizer, "leaky_relu", args.precision, args.batch)
+    if args.per_sm is not None:
+        step.blocks = dataclasses.replace(step.blocks, per_sm=args.per_sm)
+    batches = torch.randint(0, rows, (args.steps, args.batch), device="cuda")
+    total = torch.zeros((), device="cuda")
+    for index in batches[:10]:  # compiles, and settles the grid
+        step(index, total)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for index in batches:
+        step(index, total)
+    end.record()
+    torch.cuda.synchronize()
+    per_step_us = start.elapsed_time(end) / args.steps * 1e3
+    step.timing = True
+    for index in batches[:5]:  # the first compiles the stamped kernel; the last is read
+        step(index, total)
+    torch.cuda.synchronize()
+    step.check()
+    table = phases(step.times[:, :32].tolist(), len(model.hidden) + 1)
+    print(f"{torch.cuda.get_device_name()}: {args.depth}x{args.width}, batch {args.batch}, {args.precision}, "
+          f"{step.grid} programs, {step.blocks}: {per_step_us:.1f} us per step (CUDA events)")
+    print(tabulate([(p.name, p.work_us, "" if p.barrier_us is None else p.barrier_us) for p in table],
+                   headers=["phase", "work us (slowest program)", "barrier us"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
