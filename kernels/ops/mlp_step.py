@@ -110,6 +110,7 @@ def _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER: tl.constexpr, a_ptr, W_MAX):
 
 @triton.jit
 def _load_a(rows, offs_k, offs_m, M, K, GATHER: tl.constexpr):
+    """The (rows, offs_k) tile of a layer input in fp32, zero outside (M, K)."""
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     if GATHER:
         return tl.load(rows[:, None] + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -484,6 +485,7 @@ class FusedStep:
         return unfit_reason([m.out_features for m in layers], layers[-1].out_features, rows, layers[0].in_features)
 
     def __call__(self, index: torch.Tensor, total: torch.Tensor) -> None:
+        """One step on rows `index` of x/y (int64, on the device): one launch."""
         m = index.numel()
         if m > self.rows:
             raise ValueError(f"FusedStep: a batch of {m} rows > the {self.rows} it was built for")
@@ -493,6 +495,7 @@ class FusedStep:
         _step_kernel[(self.grid,)](*args, **kwargs)
 
     def _arguments(self, index: torch.Tensor, total: torch.Tensor) -> tuple[list, dict]:
+        """The kernel's positional arguments and its constexprs and launch options."""
         flat = self.optimizer.flat
         state = self.optimizer.state[flat]
         buffers = [state[name] for name in STATE[self.optimizer.algorithm]]
