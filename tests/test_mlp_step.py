@@ -82,6 +82,44 @@ def test_step_matches_float64_and_the_flat_optimizer(width, depth, activation, o
     assert torch.equal(state_ours["step"], state_layers["step"])  # every program's count advanced once
 
 
+def guarded(tensor, pad=4096, sentinel=12345.0):
+    """`tensor`'s values in the middle of a buffer `pad` elements longer each side."""
+    outer = torch.full((tensor.numel() + 2 * pad,), sentinel, dtype=tensor.dtype, device=tensor.device)
+    outer[pad : pad + tensor.numel()] = tensor.flatten()
+    return outer, outer[pad : pad + tensor.numel()].view_as(tensor)
+
+
+def test_the_step_writes_nothing_outside_its_buffers() -> None:
+    """Parameters, gradients, optimizer state and scratch sit inside sentinel-filled
+    buffers: one step (10 classes, a batch not a multiple of 16) changes no sentinel.
+    A hint that a width is a multiple of 16 where it is not (the head) drops a mask."""
+    width, batch = (512, 500) if CUDA else (48, 40)
+    x, y, (model, _), (optim, _), _ = problem(width, 3, "leaky_relu", "adam")
+    flat, state = optim.flat, optim.state.pop(optim.flat)
+    outer = {}
+    outer["flat"], view = guarded(flat.detach())
+    outer["grad"], grad = guarded(flat.grad)
+    moved = torch.nn.Parameter(view)
+    moved.grad = grad
+    optim.param_groups[0]["params"][0] = moved
+    optim.state[moved] = {}
+    for name, value in state.items():
+        outer[name], optim.state[moved][name] = guarded(value)
+    step = fused(x, y, model, optim, "leaky_relu", batch)
+    for name in ("act", "g", "part", "loss"):
+        outer[name], view = guarded(getattr(step, name))
+        setattr(step, name, view)
+    step.z = step.act
+    step(torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:batch].to(DEVICE),
+         torch.zeros((), device=DEVICE))
+    step.check()
+    for name, buffer in outer.items():
+        inside = buffer[4096:-4096]
+        changed = torch.cat([buffer[:4096], buffer[-4096:]]) != 12345.0
+        assert not changed.any(), f"{name}: {int(changed.sum())} elements written outside its {inside.numel()}"
+    assert not torch.equal(moved.detach(), flat.detach())  # the step did update the moved buffers
+
+
 @interpreter
 def test_same_seed_same_bits() -> None:
     runs = []

@@ -120,11 +120,13 @@ def _load_a(rows, offs_k, offs_m, M, K, GATHER: tl.constexpr):
 
 @triton.jit
 def _forward_tile(
-    t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, M, N, K, F, W_MAX, slope,
+    t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, M, N, K, F, F_PAD, W_MAX, slope,
     GATHER: tl.constexpr, SAVE_Z: tl.constexpr, ACTIVATION: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Tile t of A_{i+1} = act(A_i @ W_i.T + b_i) (and Z_i for silu) into scratch."""
+    """Tile t of A_{i+1} = act(A_i @ W_i.T + b_i) (and Z_i for silu) into scratch. With
+    GATHER, the tiles of column 0 also copy the batch's rows of X into a_ptr, zero-padded
+    to F_PAD columns, so that dW_0 reads them aligned rather than gathers them again."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     offs_m = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,6 +135,10 @@ def _forward_tile(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER)
+        if GATHER:
+            if t % tiles_n == 0:
+                tl.store(a_ptr + offs_m[:, None].to(tl.int64) * W_MAX + (k0 + offs_k)[None, :], a,
+                         mask=(offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < F_PAD))
         w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
                     mask=(offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K), other=0.0)
         acc = _dot(a, w, acc, DOT)
@@ -243,15 +249,16 @@ def _update(
 
 @triton.jit
 def _weight_tile(
-    t, x_ptr, idx_ptr, a_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, N, K, F, W_MAX, step,
-    GATHER: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    t, a_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, N, K, K_LOAD, W_MAX, step,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
 ):
     """Tile t of dW_i = G_i.T @ A_i (BLOCK_M of W's rows by BLOCK_N of its columns),
     reduced over the batch in order, and db_i from the tiles of column 0; each goes
-    through the optimizer while still in registers."""
+    through the optimizer while still in registers. A_i's columns are read up to K_LOAD
+    (>= K: zero padding, which keeps X's copy's loads aligned)."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_n = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -264,8 +271,7 @@ def _weight_tile(
         offs_b = m0 + offs_r
         gt = tl.load(g_ptr + offs_b[None, :].to(tl.int64) * W_MAX + offs_n[:, None],
                      mask=(offs_b[None, :] < M) & (offs_n[:, None] < N), other=0.0, cache_modifier=".cg")
-        rows = _rows_of(x_ptr, idx_ptr, offs_b, M, F, GATHER, a_ptr, W_MAX)
-        a = _load_a(rows, offs_k, offs_b, M, K, GATHER)
+        a = _load_a(a_ptr + offs_b.to(tl.int64) * W_MAX, offs_k, offs_b, M, K_LOAD, False)
         acc = _dot(gt, a, acc, DOT)
         gsum += gt
     db = tl.sum(gsum, axis=1)
@@ -278,11 +284,28 @@ def _weight_tile(
 
 
 @triton.jit
+def _layer(layout_ptr, i, HINT_N: tl.constexpr, HINT_K: tl.constexpr):
+    """Layer i's weight offset, bias offset, N and K, with what is known of their alignment:
+    offsets are FlatOptimizer.ALIGN-aligned; N and K are multiples of 16 where the host
+    said so. Without these hints a masked tile load is not vectorized (4-byte copies).
+    tl.multiple_of marks the load that made the value, so only constexpr flags decide."""
+    w_off = tl.multiple_of(tl.load(layout_ptr + 4 * i), 16)
+    b_off = tl.multiple_of(tl.load(layout_ptr + 4 * i + 1), 16)
+    N = tl.load(layout_ptr + 4 * i + 2)
+    if HINT_N:
+        N = tl.multiple_of(N, 16)
+    K = tl.load(layout_ptr + 4 * i + 3)
+    if HINT_K:
+        K = tl.multiple_of(K, 16)
+    return w_off, b_off, N, K
+
+
+@triton.jit
 def _step_kernel(
     x_ptr, y_ptr, idx_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, step_ptr, n_steps, layout_ptr,
     act_ptr, z_ptr, g_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr,
-    M, F, C, M_MAX, W_MAX, inv_m, slope, one,
-    L: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, DOT: tl.constexpr,
+    M, F, F_PAD, C, M_MAX, W_MAX, inv_m, slope, one,
+    L: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, DOT: tl.constexpr, ALIGNED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
@@ -293,7 +316,8 @@ def _step_kernel(
 
     layout_ptr: int64 (L, 4) of each layer's weight offset, bias offset, N and K in the
     flat buffers. Scratch layer j (act, z, g) starts at j * M_MAX * W_MAX, rows W_MAX apart:
-    act[j] holds A_j (j >= 1), z[j] Z_{j-1} (silu), g[j] G_j."""
+    act[j] holds A_j (j >= 1; act[0] the batch's rows of X, F_PAD wide), z[j] Z_{j-1}
+    (silu), g[j] G_j."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
@@ -303,68 +327,60 @@ def _step_kernel(
         tl.store(times_ptr + pid * 32 + 31, tl.extra.cuda.smid().to(tl.int64))
     # Forward through the hidden layers.
     for i in tl.static_range(L - 1):
-        w_off = tl.load(layout_ptr + 4 * i)
-        b_off = tl.load(layout_ptr + 4 * i + 1)
-        N = tl.load(layout_ptr + 4 * i + 2)
-        K = tl.load(layout_ptr + 4 * i + 3)
+        w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED and i < L - 1, ALIGNED and i > 0)
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for t in range(pid, tiles, P):
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
-                          act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, M, N, K, F, W_MAX, slope,
+                          act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, M, N, K, F, F_PAD, W_MAX, slope,
                           i == 0, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
         _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING)
     # The head, the loss, G_{L-1} and G_{L-2}.
     h = L - 1
-    w_off = tl.load(layout_ptr + 4 * h)
-    b_off = tl.load(layout_ptr + 4 * h + 1)
-    K = tl.load(layout_ptr + 4 * h + 3)
+    w_off, b_off, _, K = _layer(layout_ptr, L - 1, False, ALIGNED)
     saved = z_ptr  # the host passes act as z where no Z is kept
     for t in range(pid, tl.cdiv(M, HEAD_M) * tl.cdiv(K, BLOCK_N), P):
         _head_tile(t, y_ptr, idx_ptr, act_ptr + h * plane, saved + h * plane, p_ptr + w_off, p_ptr + b_off,
                    g_ptr + h * plane, g_ptr + (h - 1) * plane, part_ptr, M, C, K, W_MAX, inv_m, slope, one,
                    ACTIVATION, DOT, HEAD_M, BLOCK_C, BLOCK_N, HEAD_K)
     _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L - 1, TIMING)
-    # G_{i-1} for i = L-2 .. 1, beside dW_{i+1}: layer i+1's old weights were last read in
-    # the phase before.
+    # G_{k-1} for k = L-2 .. 1, beside dW_{k+1}: layer k+1's old weights were last read in
+    # the phase before. k and u are tensors (an assignment makes one), so the hints are
+    # decided on j, a constexpr: under a tensor `if` a hint marks its load either way.
     for j in tl.static_range(L - 2):
-        i = L - 2 - j
-        N = tl.load(layout_ptr + 4 * i + 2)
-        K = tl.load(layout_ptr + 4 * i + 3)
+        k = L - 2 - j
+        w_off, _, N, K = _layer(layout_ptr, k, ALIGNED, ALIGNED)
         data_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(K, BLOCK_N)
-        u = i + 1
-        Nu = tl.load(layout_ptr + 4 * u + 2)
-        Ku = tl.load(layout_ptr + 4 * u + 3)
+        u = k + 1
+        wu_off, bu_off, Nu, Ku = _layer(layout_ptr, u, ALIGNED and j > 0, ALIGNED)  # u < L - 1
         tiles = data_tiles + tl.cdiv(Nu, BLOCK_M) * tl.cdiv(Ku, BLOCK_N)
         for t in range(pid, tiles, P):
             if t < data_tiles:
-                _input_grad_tile(t, g_ptr + i * plane, saved + i * plane, p_ptr + tl.load(layout_ptr + 4 * i),
-                                 g_ptr + (i - 1) * plane, M, N, K, W_MAX, slope, one,
+                _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off,
+                                 g_ptr + (k - 1) * plane, M, N, K, W_MAX, slope, one,
                                  ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
             else:
-                _weight_tile(t - data_tiles, x_ptr, idx_ptr, act_ptr + u * plane, g_ptr + u * plane, p_ptr, grad_ptr,
-                             s1_ptr, s2_ptr, tl.load(layout_ptr + 4 * u), tl.load(layout_ptr + 4 * u + 1),
-                             M, Nu, Ku, F, W_MAX, step, False, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, p_ptr, grad_ptr,
+                             s1_ptr, s2_ptr, wu_off, bu_off,
+                             M, Nu, Ku, Ku, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
         _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING)
     # dW_1 and dW_0; program 0 adds the batch's loss to the total and advances the step counts.
-    N1 = tl.load(layout_ptr + 4 + 2)
-    K1 = tl.load(layout_ptr + 4 + 3)
+    w1_off, b1_off, N1, K1 = _layer(layout_ptr, 1, ALIGNED and L > 2, ALIGNED)
     tiles1 = tl.cdiv(N1, BLOCK_M) * tl.cdiv(K1, BLOCK_N)
-    N0 = tl.load(layout_ptr + 2)
-    K0 = tl.load(layout_ptr + 3)
+    w0_off, b0_off, N0, K0 = _layer(layout_ptr, 0, ALIGNED, False)
     tiles = tiles1 + tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N)
     for t in range(pid, tiles, P):
         if t < tiles1:
-            _weight_tile(t, x_ptr, idx_ptr, act_ptr + plane, g_ptr + plane, p_ptr, grad_ptr, s1_ptr, s2_ptr,
-                         tl.load(layout_ptr + 4), tl.load(layout_ptr + 5), M, N1, K1, F, W_MAX, step,
-                         False, DOT, BLOCK_M, BLOCK_N, BLOCK_K, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2,
-                         LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+            _weight_tile(t, act_ptr + plane, g_ptr + plane, p_ptr, grad_ptr, s1_ptr, s2_ptr,
+                         w1_off, b1_off, M, N1, K1, K1, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                         ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
+                         LR_DECAY, ALPHA)
         else:
-            _weight_tile(t - tiles1, x_ptr, idx_ptr, act_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr,
-                         tl.load(layout_ptr), tl.load(layout_ptr + 1), M, N0, K0, F, W_MAX, step,
-                         True, DOT, BLOCK_M, BLOCK_N, BLOCK_K, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2,
-                         LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+            _weight_tile(t - tiles1, act_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr,  # X's copy, from F_0
+                         w0_off, b0_off, M, N0, K0, F_PAD, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                         ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
+                         LR_DECAY, ALPHA)
     _stamp(times_ptr, 4 * L - 3, TIMING)
     if pid == 0:
         offs = tl.arange(0, PARTS)
@@ -451,11 +467,15 @@ class FusedStep:
             dtype=torch.int64, device=self.device,
         )
         self.L = len(layers)
+        self.aligned = all(w % 16 == 0 for w in self.widths[:-1])
+        if any(start % 16 for start in spans.values()):
+            raise ValueError("FusedStep: the flat buffer's parameters must start 64-byte aligned")
         self.activation = ACTIVATIONS[activation_name]
         self.save_z = activation_name == "silu"
         self.dot = DOTS[precision] or STRICT_FP32
         self.rows = batch
-        self.w_max = max(self.widths + [x.shape[1]])
+        self.f_pad = cdiv(x.shape[1], 16) * 16  # X's copy in scratch plane 0, zero-padded
+        self.w_max = max(self.widths + [self.f_pad])
         self.classes = self.widths[-1]
         self.programs = 1 if INTERPRETER else torch.cuda.get_device_properties(self.device).multi_processor_count
         self.blocks = blocks_for(batch, max(self.widths[:-1]), self.programs)
@@ -506,10 +526,10 @@ class FusedStep:
         args = [
             self.x, self.y, index, flat, flat.grad, s1, s2, state["step"], state["step"].numel(), self.layout,
             self.act, self.z, self.g, self.part, total, self.loss, self.barrier, self.flag,
-            m, self.x.shape[1], self.classes, self.rows, self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
+            m, self.x.shape[1], self.f_pad, self.classes, self.rows, self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
         ]
         kwargs = dict(
-            L=self.L, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
+            L=self.L, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot, ALIGNED=self.aligned,
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, HEAD_M=b.head_m, HEAD_K=b.head_k,
             BLOCK_C=max(16, next_power_of_2(self.classes)), PARTS=self.parts, ALGORITHM=self.algorithm,
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
