@@ -90,10 +90,10 @@ VARIABLES = (
              "worker processes that compile tuning candidates ahead", _whole(0)),
     Variable("LOADBENCH_FUSED_FORWARD", "use 1 (one launch for a few-row forward) or 0 (layer by layer)", "1",
              "whether impl=triton serves a few-row forward in one fused launch", _choice(("1", "0")), "1"),
-    Variable("LOADBENCH_FUSED_STEP", "use 1 (one launch per training step) or 0 (the layer kernels)", "0",
+    Variable("LOADBENCH_FUSED_STEP", "use auto, 1 (one launch per training step) or 0 (the layer kernels)", "auto",
              "whether impl=triton with optimizer-impl=triton trains through the one-launch fused step "
-             "(off by default: slower than the layer kernels so far, docs/results-kernels.md)",
-             _choice(("1", "0")), "0"),
+             "(auto: on a CUDA GPU, where it was measured faster than the layer kernels; docs/results-kernels.md)",
+             _choice(("auto", "1", "0")), "auto"),
     Variable("LOADBENCH_STRICT_FP32", f"use one of {', '.join(STRICT_FP32_CHOICES)}", "tf32x3",
              "how impl=triton runs fp32 at 'highest' precision: ieee (exact fp32 FMAs) or tf32x3 (three TF32 products)",
              _choice(STRICT_FP32_CHOICES), "tf32x3"),

@@ -268,18 +268,21 @@ class Trainer:
         from kernels.ops import mlp_step
 
         layers = [*self.model.hidden, self.model.head]
-        reason = mlp_step.FusedStep.usable(layers, min(config.batch_size, len(self.data.y_train)))
-        if not mlp_step.ENABLED:
-            reason = "LOADBENCH_FUSED_STEP=0, the default"
+        rows = min(config.batch_size, len(self.data.y_train))
+        reason = mlp_step.FusedStep.usable(layers, rows)
+        if mlp_step.SWITCH == "0":
+            reason = "LOADBENCH_FUSED_STEP=0"
         elif self.loop == Loop.REFERENCE:
             reason = "the reference loop's batches come from a DataLoader"
+        elif reason is None and mlp_step.SWITCH == "auto":
+            widths = [m.out_features for m in layers]
+            reason = mlp_step.auto_refusal(widths, rows, self.device.type == "cuda" and not mlp_step.INTERPRETER)
         if reason is not None:
-            if mlp_step.ENABLED:  # asked for and not given: the summary's notes say so
+            if mlp_step.SWITCH == "1":  # asked for and not given: the summary's notes say so
                 self.notes.append(f"the fused step did not run: {reason}")
             return None, f"layers ({reason})"
         fused = mlp_step.FusedStep(
-            self.data.x_train, self.data.y_train, layers, self.optimizer, config.activation, config.precision,
-            min(config.batch_size, len(self.data.y_train)),
+            self.data.x_train, self.data.y_train, layers, self.optimizer, config.activation, config.precision, rows,
         )
         return fused, "fused-step"
 

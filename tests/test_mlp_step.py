@@ -168,10 +168,20 @@ def test_programs_per_sm_are_what_stays_resident() -> None:
 
 
 def test_the_switch_is_parsed_and_checked() -> None:
-    assert mlp_step.enabled_from_env(None) is False  # the default: the layer kernels
-    assert mlp_step.enabled_from_env("1") is True
+    assert mlp_step.switch_from_env(None) == "auto"
+    assert [mlp_step.switch_from_env(v) for v in ("1", "0", "auto")] == ["1", "0", "auto"]
     with pytest.raises(ValueError, match="LOADBENCH_FUSED_STEP='yes'"):
-        mlp_step.enabled_from_env("yes")
+        mlp_step.switch_from_env("yes")
+
+
+def test_auto_takes_the_step_only_where_it_was_measured_faster() -> None:
+    study = [512, 512, 512, 10]
+    assert mlp_step.auto_refusal(study, 512, cuda=True) is None
+    assert mlp_step.auto_refusal([128, 128, 10], 512, cuda=True) is None
+    assert mlp_step.auto_refusal(study, 512, cuda=False) == "auto: no CUDA GPU"
+    assert mlp_step.auto_refusal([512] * 4 + [10], 512, cuda=True) == "auto: 4 hidden layers > 3"
+    assert mlp_step.auto_refusal([1024] * 3 + [10], 512, cuda=True) == "auto: width 1024 > 512"
+    assert mlp_step.auto_refusal(study, 256, cuda=True) == "auto: batch 256 < 512"
 
 
 @pytest.fixture(scope="module")
@@ -186,10 +196,14 @@ def config(**changes):
 
 
 def test_the_trainer_records_which_route_ran(tiny, monkeypatch) -> None:
-    monkeypatch.setattr(mlp_step, "ENABLED", False)
+    monkeypatch.setattr(mlp_step, "SWITCH", "0")
     off = Trainer(config(), tiny)
-    assert off.step_route == "layers (LOADBENCH_FUSED_STEP=0, the default)" and off.notes == []
-    monkeypatch.setattr(mlp_step, "ENABLED", True)
+    assert off.step_route == "layers (LOADBENCH_FUSED_STEP=0)" and off.notes == []
+    monkeypatch.setattr(mlp_step, "SWITCH", "auto")
+    auto = Trainer(config(), tiny)  # 1 x 16 on 256 rows: measured faster through the layer kernels
+    assert auto.step_route == ("layers (auto: batch 256 < 512)" if CUDA else "layers (auto: no CUDA GPU)")
+    assert auto.notes == []
+    monkeypatch.setattr(mlp_step, "SWITCH", "1")
     assert Trainer(config(), tiny).step_route == "fused-step"
     assert Trainer(config(loop="reference"), tiny).step_route.startswith("layers (the reference loop")
     assert Trainer(config(impl="torch"), tiny).step_route == "layers"
@@ -203,7 +217,7 @@ def test_the_trainer_records_which_route_ran(tiny, monkeypatch) -> None:
 def test_an_epoch_through_the_fused_step_follows_the_layer_route(tiny, monkeypatch) -> None:
     results = {}
     for enabled in (True, False):
-        monkeypatch.setattr(mlp_step, "ENABLED", enabled)
+        monkeypatch.setattr(mlp_step, "SWITCH", "1" if enabled else "0")
         trainer = Trainer(config(), tiny)
         trainer.fit()
         results[enabled] = (trainer.result(), trainer.optimizer.flat.detach().clone())

@@ -9,8 +9,8 @@ step is deterministic and its bits do not depend on P. Parameters, gradients and
 are a `kernels.ops.optim.FlatOptimizer`'s, so either route continues the other's run.
 Under the interpreter P = 1 and a barrier passes at once, so CPU tests run this code; a
 barrier that waits too long sets a flag `check` raises on, rather than hang the device.
-The trainer takes this route only with LOADBENCH_FUSED_STEP=1: at fp32 it is still
-slower than the layer kernels. The math, phases, timings: docs/results-kernels.md.
+The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the default) where it was
+measured faster than the layer kernels. The math, phases, timings: docs/results-kernels.md.
 """
 
 from __future__ import annotations
@@ -48,13 +48,36 @@ HYPERPARAMETERS = ("LR", "WEIGHT_DECAY", "EPS", "BETA1", "BETA2", "LOG2_BETA1", 
                    "ALPHA")
 
 
-def enabled_from_env(value: str | None) -> bool:
-    """LOADBENCH_FUSED_STEP: '1' (this step) or '0' (the default: the layer kernels, which
-    are faster on an H100 and an H200 so far; docs/results-kernels.md)."""
-    return env.parse("LOADBENCH_FUSED_STEP", value) == "1"
+# Where the layer kernels were measured faster on an H100 and an H200 (the five
+# experiments, each axis moved alone; docs/results-kernels.md): 'auto' keeps them there.
+AUTO_MAX_DEPTH = 3
+AUTO_MAX_WIDTH = 512
+AUTO_MIN_ROWS = 512
 
 
-ENABLED = enabled_from_env(os.environ.get("LOADBENCH_FUSED_STEP"))
+def switch_from_env(value: str | None) -> str:
+    """LOADBENCH_FUSED_STEP: '1' (this step wherever it fits), '0' (the layer kernels) or
+    'auto' (the default: this step on a CUDA GPU where it was measured faster)."""
+    return env.parse("LOADBENCH_FUSED_STEP", value)
+
+
+def auto_refusal(widths: list[int], rows: int, cuda: bool) -> str | None:
+    """Why 'auto' keeps a model of these layer widths (hidden then head), trained on
+    batches of `rows`, on the layer kernels; None where it takes this step. `cuda`: the
+    kernel compiles for a GPU (not Triton's interpreter)."""
+    if not cuda:
+        return "auto: no CUDA GPU"
+    hidden = widths[:-1]
+    if len(hidden) > AUTO_MAX_DEPTH:
+        return f"auto: {len(hidden)} hidden layers > {AUTO_MAX_DEPTH}"
+    if max(hidden) > AUTO_MAX_WIDTH:
+        return f"auto: width {max(hidden)} > {AUTO_MAX_WIDTH}"
+    if rows < AUTO_MIN_ROWS:
+        return f"auto: batch {rows} < {AUTO_MIN_ROWS}"
+    return None
+
+
+SWITCH = switch_from_env(os.environ.get("LOADBENCH_FUSED_STEP"))
 
 
 # ----------------------------------------------------------------------- kernels
