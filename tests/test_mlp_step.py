@@ -48,15 +48,18 @@ def rms(t):
     return t.double().pow(2).mean().sqrt().item()
 
 
-@pytest.mark.parametrize(("width", "depth", "activation", "optimizer", "batch"), [
-    (48, 3, "leaky_relu", "adam", 40),   # partial tiles everywhere
-    (32, 1, "silu", "sgd", 33),          # one hidden layer: no middle phases; Z kept for silu
-    (40, 2, "tanh", "rmsprop", 24),
-    (16, 4, "sigmoid", "adagrad", 16),
-], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16"])
-def test_step_matches_float64_and_the_flat_optimizer(width, depth, activation, optimizer, batch) -> None:
-    x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer)
+@pytest.mark.parametrize(("width", "depth", "activation", "optimizer", "batch", "classes"), [
+    (48, 3, "leaky_relu", "adam", 40, 10),   # partial tiles everywhere
+    (32, 1, "silu", "sgd", 33, 10),          # one hidden layer: no middle phases; Z kept for silu
+    (40, 2, "tanh", "rmsprop", 24, 10),
+    (16, 4, "sigmoid", "adagrad", 16, 10),
+    (32, 2, "relu", "adam", 24, 20),         # G_{L-1} read 32 columns wide
+], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16", "adam-2x32-20-classes"])
+def test_step_matches_float64_and_the_flat_optimizer(width, depth, activation, optimizer, batch, classes) -> None:
+    x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer, classes=classes)
     step = fused(x, y, ours, opt_ours, activation, batch)
+    for scratch in (step.act, step.z, step.g):  # a read of anything the step did not write shows
+        scratch.fill_(float("nan"))
     index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:batch].to(DEVICE)
     total = torch.full((), 0.5, device=DEVICE)
     step(index, total)

@@ -247,13 +247,15 @@ def _input_grad_tile(
 
 @triton.jit
 def _update(
-    p_ptr, g_ptr, s1_ptr, s2_ptr, offs, mask, grad, step,
+    p_ptr, g_ptr, s1_ptr, s2_ptr, offs, mask, grad, step, STORE_GRAD: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
 ):
-    """Store `grad` at offs and apply the optimizer to the parameters and state there."""
-    tl.store(g_ptr + offs, grad, mask=mask)
+    """Apply the optimizer with `grad` to the parameters and state at offs (and, with
+    STORE_GRAD, store `grad` there first)."""
+    if STORE_GRAD:
+        tl.store(g_ptr + offs, grad, mask=mask)
     p = tl.load(p_ptr + offs, mask=mask)
     s1 = tl.load(s1_ptr + offs, mask=mask)
     if ALGORITHM == 0:
@@ -272,18 +274,18 @@ def _update(
 
 @triton.jit
 def _weight_tile(
-    t, a_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, N, K, K_LOAD, W_MAX, step,
-    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    t, a_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, N, N_LOAD, K, K_LOAD, W_MAX, step,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
 ):
     """Tile t of dW_i = G_i.T @ A_i (BLOCK_M of W's rows by BLOCK_N of its columns),
-    reduced over the batch in order, and db_i from the tiles of column 0; each goes
-    through the optimizer while still in registers. A_i's columns are read up to K_LOAD
-    (>= K: zero padding, which keeps X's copy's loads aligned)."""
+    reduced over the batch in order, and db_i from the tiles of column 0; then the
+    optimizer's update of those parameters. G_i's columns are read up to N_LOAD >= N and
+    A_i's up to K_LOAD >= K (X's copy's zero padding), which keeps the loads aligned."""
     tiles_k = tl.cdiv(K, BLOCK_N)
-    offs_n = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = _first_row(t, tiles_k, BLOCK_M) + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -293,17 +295,35 @@ def _weight_tile(
     for m0 in range(0, M, BLOCK_K):
         offs_b = m0 + offs_r
         gt = tl.load(g_ptr + offs_b[None, :].to(tl.int64) * W_MAX + offs_n[:, None],
-                     mask=(offs_b[None, :] < M) & (offs_n[:, None] < N), other=0.0, cache_modifier=".cg")
+                     mask=(offs_b[None, :] < M) & (offs_n[:, None] < N_LOAD), other=0.0, cache_modifier=".cg")
         a = _load_a(a_ptr + offs_b.to(tl.int64) * W_MAX, offs_k, offs_b, M, K_LOAD, False)
         acc = _dot(gt, a, acc, DOT)
         gsum += gt
     db = tl.sum(gsum, axis=1)
-    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off + offs_n[:, None] * K + offs_k[None, :], mask, acc, step,
-            ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+    # The gradient goes out first and the optimizer then walks the tile CHUNK elements at a
+    # time: a loop, where updating the tile in registers unrolled into thousands of
+    # instructions, each step fetched anew into a cold instruction cache.
+    tl.store(grad_ptr + w_off + offs_n[:, None] * K + offs_k[None, :], acc,
+             mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
+    tl.debug_barrier()  # the tile's stores, by all its threads, before any thread reads them back
+    for c in range(0, BLOCK_M * BLOCK_N, CHUNK):
+        e = c + tl.arange(0, CHUNK)
+        rows = _first_row(t, tiles_k, BLOCK_M) + e // BLOCK_N
+        cols = (t % tiles_k) * BLOCK_N + e % BLOCK_N
+        offs = w_off + rows * K + cols
+        mask = (rows < N) & (cols < K)
+        _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, offs, mask, tl.load(grad_ptr + offs, mask=mask, cache_modifier=".cg"),
+                step, False, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY,
+                ALPHA)
     if t % tiles_k == 0:
-        _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, b_off + offs_n, offs_n < N, db, step,
+        _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, b_off + offs_n, offs_n < N, db, step, True,
                 ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+
+
+@triton.jit
+def _first_row(t, tiles_k, BLOCK_M: tl.constexpr):
+    """The first of W's rows in weight tile t."""
+    return (t // tiles_k) * BLOCK_M
 
 
 @triton.jit
@@ -329,7 +349,7 @@ def _step_kernel(
     act_ptr, z_ptr, g_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr,
     M, F, F_PAD, C, M_MAX, W_MAX, inv_m, slope, one,
     L: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, DOT: tl.constexpr, ALIGNED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
@@ -348,14 +368,19 @@ def _step_kernel(
     _stamp(times_ptr, 0, TIMING)
     if TIMING:
         tl.store(times_ptr + pid * 32 + 31, tl.extra.cuda.smid().to(tl.int64))
-    # Forward through the hidden layers.
-    for i in tl.static_range(L - 1):
-        w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED and i < L - 1, ALIGNED and i > 0)
-        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        for t in range(pid, tiles, P):
+    # Forward through the hidden layers: layer 0 gathers X's rows; the others share one
+    # copy of the tile code (a run-time loop), so a phase finds its instructions cached.
+    w_off, b_off, N, K = _layer(layout_ptr, 0, ALIGNED, False)
+    for t in range(pid, tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), P):
+        _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
+                      M, N, K, F, F_PAD, W_MAX, slope, True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+    _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING)
+    for i in range(1, L - 1):
+        w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED, ALIGNED)
+        for t in range(pid, tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), P):
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
                           act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, M, N, K, F, F_PAD, W_MAX, slope,
-                          i == 0, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+                          False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
         _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING)
     # The head, the loss, G_{L-1} and G_{L-2}.
     h = L - 1
@@ -366,44 +391,45 @@ def _step_kernel(
                    g_ptr + h * plane, g_ptr + (h - 1) * plane, part_ptr, M, C, K, W_MAX, inv_m, slope, one,
                    ACTIVATION, DOT, HEAD_M, BLOCK_C, BLOCK_N, HEAD_K)
     _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L - 1, TIMING)
-    # G_{k-1} for k = L-2 .. 1, beside dW_{k+1}: layer k+1's old weights were last read in
-    # the phase before. k and u are tensors (an assignment makes one), so the hints are
-    # decided on j, a constexpr: under a tensor `if` a hint marks its load either way.
-    for j in tl.static_range(L - 2):
+    # Phase j: G_{k-1} for k = L-2-j (none when k = 0) beside dW_{k+1}, whose old weights
+    # were last read in the phase before; the last phase (k = 0) adds dW_0. One run-time
+    # loop, so every phase runs the same copy of the tile code. Layer 0's K (the input
+    # features) has no known alignment: its weight tiles are a second copy, unhinted.
+    w0_off, b0_off, N0, K0 = _layer(layout_ptr, 0, ALIGNED, False)
+    for j in range(0, L - 1):
         k = L - 2 - j
-        w_off, _, N, K = _layer(layout_ptr, k, ALIGNED, ALIGNED)
-        data_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(K, BLOCK_N)
         u = k + 1
-        wu_off, bu_off, Nu, Ku = _layer(layout_ptr, u, ALIGNED and j > 0, ALIGNED)  # u < L - 1
-        tiles = data_tiles + tl.cdiv(Nu, BLOCK_M) * tl.cdiv(Ku, BLOCK_N)
+        w_off, _, N, K = _layer(layout_ptr, tl.maximum(k, 1), ALIGNED and L > 2, ALIGNED and L > 2)
+        data_tiles = tl.where(k > 0, tl.cdiv(M, BLOCK_M) * tl.cdiv(K, BLOCK_N), 0)
+        wu_off, bu_off, Nu, Ku = _layer(layout_ptr, u, False, ALIGNED)
+        # G_u is read up to the next multiple of 16 columns (the head's 10 too), so the
+        # loads stay 16 bytes: those columns are inside a row (W_MAX >= BLOCK_C) and
+        # only feed rows of dW past N, which are never stored.
+        if ALIGNED:
+            Nu_load = (Nu + 15) // 16 * 16
+        else:
+            Nu_load = Nu
+        weight_tiles = data_tiles + tl.cdiv(Nu, BLOCK_M) * tl.cdiv(Ku, BLOCK_N)
+        tiles = weight_tiles + tl.where(k == 0, tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N), 0)
         for t in range(pid, tiles, P):
             if t < data_tiles:
                 _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off,
                                  g_ptr + (k - 1) * plane, M, N, K, W_MAX, slope, one,
                                  ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
-            else:
+            elif t < weight_tiles:
                 _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, p_ptr, grad_ptr,
                              s1_ptr, s2_ptr, wu_off, bu_off,
-                             M, Nu, Ku, Ku, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                             M, Nu, Nu_load, Ku, Ku, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
-        _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING)
-    # dW_1 and dW_0; program 0 adds the batch's loss to the total and advances the step counts.
-    w1_off, b1_off, N1, K1 = _layer(layout_ptr, 1, ALIGNED and L > 2, ALIGNED)
-    tiles1 = tl.cdiv(N1, BLOCK_M) * tl.cdiv(K1, BLOCK_N)
-    w0_off, b0_off, N0, K0 = _layer(layout_ptr, 0, ALIGNED, False)
-    tiles = tiles1 + tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N)
-    for t in range(pid, tiles, P):
-        if t < tiles1:
-            _weight_tile(t, act_ptr + plane, g_ptr + plane, p_ptr, grad_ptr, s1_ptr, s2_ptr,
-                         w1_off, b1_off, M, N1, K1, K1, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
-                         ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
-                         LR_DECAY, ALPHA)
-        else:
-            _weight_tile(t - tiles1, act_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr,  # X's copy, from F_0
-                         w0_off, b0_off, M, N0, K0, F_PAD, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K,
-                         ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
-                         LR_DECAY, ALPHA)
+            else:
+                _weight_tile(t - weight_tiles, act_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr,  # X's copy, from F_0
+                             w0_off, b0_off, M, N0, N0, K0, F_PAD, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK,
+                             ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
+                             LR_DECAY, ALPHA)
+        if k > 0:
+            _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING)
+    # Program 0 adds the batch's loss to the total and advances the step counts.
     _stamp(times_ptr, 4 * L - 3, TIMING)
     if pid == 0:
         offs = tl.arange(0, PARTS)
@@ -431,6 +457,11 @@ class Blocks:
     stages: int = 3
     head_k: int = 128  # the head's reduction step: its logits are a short, latency-bound loop
     per_sm: int = 1  # programs per SM, where the compiled kernel's registers and shared memory allow
+
+    @property
+    def chunk(self) -> int:
+        """Elements of a weight tile the optimizer updates per loop step: four a thread."""
+        return min(self.m * self.n, 128 * self.warps)
 
 
 def blocks_for(rows: int, width: int, programs: int) -> Blocks:
@@ -498,7 +529,8 @@ class FusedStep:
         self.dot = DOTS[precision] or STRICT_FP32
         self.rows = batch
         self.f_pad = cdiv(x.shape[1], 16) * 16  # X's copy in scratch plane 0, zero-padded
-        self.w_max = max(self.widths + [self.f_pad])
+        self.block_c = max(16, next_power_of_2(self.widths[-1]))  # >= the columns of G_{L-1} read
+        self.w_max = max(self.widths + [self.f_pad, self.block_c])
         self.classes = self.widths[-1]
         self.programs = 1 if INTERPRETER else torch.cuda.get_device_properties(self.device).multi_processor_count
         self.blocks = blocks_for(batch, max(self.widths[:-1]), self.programs)
@@ -553,8 +585,8 @@ class FusedStep:
         ]
         kwargs = dict(
             L=self.L, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot, ALIGNED=self.aligned,
-            BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, HEAD_M=b.head_m, HEAD_K=b.head_k,
-            BLOCK_C=max(16, next_power_of_2(self.classes)), PARTS=self.parts, ALGORITHM=self.algorithm,
+            BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, CHUNK=b.chunk, HEAD_M=b.head_m, HEAD_K=b.head_k,
+            BLOCK_C=self.block_c, PARTS=self.parts, ALGORITHM=self.algorithm,
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
             **self.hyper,
         )
