@@ -182,9 +182,25 @@ def test_auto_takes_the_step_only_where_it_was_measured_faster() -> None:
     assert mlp_step.auto_refusal(study, 512, cuda=True) is None
     assert mlp_step.auto_refusal([128, 128, 10], 512, cuda=True) is None
     assert mlp_step.auto_refusal(study, 512, cuda=False) == "auto: no CUDA GPU"
-    assert mlp_step.auto_refusal([512] * 4 + [10], 512, cuda=True) == "auto: 4 hidden layers > 3"
+    assert mlp_step.auto_refusal([512] * 5 + [10], 64, cuda=True) is None  # the experiments' far ends
+    assert mlp_step.auto_refusal([512] * 6 + [10], 512, cuda=True) == "auto: 6 hidden layers > 5"
     assert mlp_step.auto_refusal([1024] * 3 + [10], 512, cuda=True) == "auto: width 1024 > 512"
-    assert mlp_step.auto_refusal(study, 256, cuda=True) == "auto: batch 256 < 512"
+    assert mlp_step.auto_refusal(study, 32, cuda=True) == "auto: batch 32 < 64"
+
+
+def test_tiles_leave_few_programs_idle() -> None:
+    """The tile shape keeps a phase's tiles near the program count: 16 x 64 at the study
+    shape (256 tiles for 264 programs, where 32 x 64 gave 128), 32 x 64 once a layer has
+    enough of them, 16 x 32 for small batches."""
+    def shape(rows, width, programs):
+        blocks = mlp_step.blocks_for(rows, width, programs, interpreter=False)
+        return blocks.m, blocks.n
+
+    assert shape(512, 512, 264) == (16, 64)
+    assert shape(512, 1024, 264) == (32, 64)
+    assert shape(64, 512, 264) == (16, 32)
+    assert shape(512, 512, 132) == (32, 64)
+    assert mlp_step.blocks_for(512, 512, 264, interpreter=True).m == 16
 
 
 @pytest.fixture(scope="module")

@@ -48,11 +48,11 @@ HYPERPARAMETERS = ("LR", "WEIGHT_DECAY", "EPS", "BETA1", "BETA2", "LOG2_BETA1", 
                    "ALPHA")
 
 
-# Where the layer kernels were measured faster on an H100 and an H200 (the five
-# experiments, each axis moved alone; docs/results-kernels.md): 'auto' keeps them there.
-AUTO_MAX_DEPTH = 3
+# Where this step was measured faster than the layer kernels (the five experiments, each
+# axis moved alone; docs/results-kernels.md): 'auto' takes it there and nowhere else.
+AUTO_MAX_DEPTH = 5
 AUTO_MAX_WIDTH = 512
-AUTO_MIN_ROWS = 512
+AUTO_MIN_ROWS = 64
 
 
 def switch_from_env(value: str | None) -> str:
@@ -464,15 +464,19 @@ class Blocks:
         return min(self.m * self.n, 128 * self.warps)
 
 
-def blocks_for(rows: int, width: int, programs: int) -> Blocks:
-    """32 x 64 tiles where a hidden layer has enough of them for the programs, else
-    32-square ones (batch 64 on 512 units: 16 tiles of 32 x 64, 32 of 32 x 32); two
-    programs per SM where they fit (measured choices: docs/results-kernels.md)."""
-    if INTERPRETER:
+def blocks_for(rows: int, width: int, programs: int, interpreter: bool = INTERPRETER) -> Blocks:
+    """The largest tiles that still give a phase work for most programs: 32 x 64 where a
+    hidden layer has 3/4 as many as programs (fewer bytes read per product), else 16 x 64
+    where it has half as many, else 16 x 32 (the study shape: 256 tiles of 16 x 64, where
+    32 x 64 left half the programs idle); two programs per SM where they fit. Measured
+    choices: docs/results-kernels.md."""
+    if interpreter:
         return Blocks(16, 16, 16, 16, 4, head_k=16)
-    if cdiv(rows, 32) * cdiv(width, 64) >= programs // 2:
+    if cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
         return Blocks(32, 64, 32, 16, 4, per_sm=2)
-    return Blocks(32, 32, 32, 16, 4, per_sm=2)
+    if cdiv(rows, 16) * cdiv(width, 64) >= programs // 2:
+        return Blocks(16, 64, 32, 16, 4, per_sm=2)
+    return Blocks(16, 32, 32, 16, 4, per_sm=2)
 
 
 def resident_per_sm(
