@@ -189,18 +189,19 @@ def test_auto_takes_the_step_only_where_it_was_measured_faster() -> None:
 
 
 def test_tiles_leave_few_programs_idle() -> None:
-    """The tile shape keeps a phase's tiles near the program count: 16 x 64 at the study
-    shape (256 tiles for 264 programs, where 32 x 64 gave 128), 32 x 64 once a layer has
-    enough of them, 16 x 32 for small batches."""
-    def shape(rows, width, programs):
-        blocks = mlp_step.blocks_for(rows, width, programs, interpreter=False)
+    """The tile shape keeps a phase's tiles near the program count (two per SM): 16 x 64
+    at the study shape (256 tiles for 264 programs, where 32 x 64 gave 128), 32 x 64 once
+    a layer has enough of them, 16 x 32 for smaller batches."""
+    def shape(rows, width, sms=132):
+        blocks = mlp_step.blocks_for(rows, width, sms, interpreter=False)
         return blocks.m, blocks.n
 
-    assert shape(512, 512, 264) == (16, 64)
-    assert shape(512, 1024, 264) == (32, 64)
-    assert shape(64, 512, 264) == (16, 32)
-    assert shape(512, 512, 132) == (32, 64)
-    assert mlp_step.blocks_for(512, 512, 264, interpreter=True).m == 16
+    assert shape(512, 512) == (16, 64)
+    assert shape(512, 1024) == (32, 64)
+    assert shape(256, 512) == (16, 32)
+    assert shape(64, 512) == (16, 32)
+    assert shape(512, 512, sms=64) == (32, 64)
+    assert mlp_step.blocks_for(512, 512, 132, interpreter=True).m == 16
 
 
 @pytest.fixture(scope="module")
@@ -219,8 +220,8 @@ def test_the_trainer_records_which_route_ran(tiny, monkeypatch) -> None:
     off = Trainer(config(), tiny)
     assert off.step_route == "layers (LOADBENCH_FUSED_STEP=0)" and off.notes == []
     monkeypatch.setattr(mlp_step, "SWITCH", "auto")
-    auto = Trainer(config(), tiny)  # 1 x 16 on 256 rows: measured faster through the layer kernels
-    assert auto.step_route == ("layers (auto: batch 256 < 512)" if CUDA else "layers (auto: no CUDA GPU)")
+    auto = Trainer(config(batch_size=32), tiny)  # below the smallest batch measured (64)
+    assert auto.step_route == ("layers (auto: batch 32 < 64)" if CUDA else "layers (auto: no CUDA GPU)")
     assert auto.notes == []
     monkeypatch.setattr(mlp_step, "SWITCH", "1")
     assert Trainer(config(), tiny).step_route == "fused-step"

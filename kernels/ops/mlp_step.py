@@ -464,14 +464,15 @@ class Blocks:
         return min(self.m * self.n, 128 * self.warps)
 
 
-def blocks_for(rows: int, width: int, programs: int, interpreter: bool = INTERPRETER) -> Blocks:
-    """The largest tiles that still give a phase work for most programs: 32 x 64 where a
-    hidden layer has 3/4 as many as programs (fewer bytes read per product), else 16 x 64
-    where it has half as many, else 16 x 32 (the study shape: 256 tiles of 16 x 64, where
-    32 x 64 left half the programs idle); two programs per SM where they fit. Measured
-    choices: docs/results-kernels.md."""
+def blocks_for(rows: int, width: int, sms: int, interpreter: bool = INTERPRETER) -> Blocks:
+    """The largest tiles that still give a phase work for most of the 2 x `sms` programs:
+    32 x 64 where a hidden layer has 3/4 as many tiles as programs (fewer bytes read per
+    product), else 16 x 64 where it has half as many, else 16 x 32 (the study shape: 256
+    tiles of 16 x 64, where 32 x 64 left half the programs idle). Measured choices:
+    docs/results-kernels.md."""
     if interpreter:
         return Blocks(16, 16, 16, 16, 4, head_k=16)
+    programs = 2 * sms  # Blocks.per_sm below; one per SM only where two do not fit
     if cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
         return Blocks(32, 64, 32, 16, 4, per_sm=2)
     if cdiv(rows, 16) * cdiv(width, 64) >= programs // 2:
