@@ -281,6 +281,19 @@ def test_the_phase_table_reads_the_stamps() -> None:
     assert phases(stamps, 2) == [Phase("F_0", 5.9, 1.1), Phase("H", 13.0, 1.5), Phase("last", 18.5, None)]
 
 
+def test_the_phase_tool_takes_a_tile_shape_and_refuses_a_bad_one(capsys) -> None:
+    from bench.tools.step_phases import main
+    from bench.tools.step_phases import parse_tiles
+
+    assert parse_tiles("16x64") == (16, 64)
+    assert parse_tiles("32X32") == (32, 32)
+    for bad in ("16", "16x48", "x64", "16x64x2", "a x b"):
+        with pytest.raises(SystemExit) as stop:
+            main(["--tiles", bad])
+        assert stop.value.code == 2
+        assert f"argument --tiles: {bad!r}: expected MxN" in capsys.readouterr().err
+
+
 def test_the_phase_tool_refuses_without_a_gpu(capsys) -> None:
     if CUDA:
         pytest.skip("checks the no-GPU message")

@@ -2,6 +2,7 @@
 
     python -m bench.tools.step_phases                        # 3x512, batch 512, fp32
     python -m bench.tools.step_phases --precision tf32 --per-sm 1 --batch 64
+    python -m bench.tools.step_phases --tiles 32x64           # another tile shape than blocks_for's
 
 Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps with CUDA
 events, then replays a few with %globaltimer stamps at every grid barrier and prints,
@@ -51,6 +52,15 @@ def phases(times: Sequence[Sequence[int]], layers: int) -> list[Phase]:
     return out
 
 
+def parse_tiles(text: str) -> tuple[int, int]:
+    """'MxN' (powers of two, 16 to 128) as the fused step's output tile (rows, columns)."""
+    parts = text.lower().split("x")
+    sizes = [int(p) for p in parts if p.isdigit()]
+    if len(parts) != 2 or len(sizes) != 2 or any(n not in (16, 32, 64, 128) for n in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MxN with M and N in 16, 32, 64, 128 (e.g. 16x64)")
+    return sizes[0], sizes[1]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.step_phases", description=__doc__.split("\n\n")[0])
     parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32")
@@ -59,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--per-sm", type=int, choices=(1, 2), default=None,
                         help="programs per SM (default: the kernel's choice)")
+    parser.add_argument("--tiles", type=parse_tiles, default=None, metavar="MxN",
+                        help="output tile rows x columns (default: the kernel's choice, blocks_for)")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args(argv)
 
@@ -82,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     step = mlp_step.FusedStep(x, y, [*model.hidden, model.head], optimizer, "leaky_relu", args.precision, args.batch)
     if args.per_sm is not None:
         step.blocks = dataclasses.replace(step.blocks, per_sm=args.per_sm)
+    if args.tiles is not None:
+        step.blocks = dataclasses.replace(step.blocks, m=args.tiles[0], n=args.tiles[1])
     batches = torch.randint(0, rows, (args.steps, args.batch), device="cuda")
     total = torch.zeros((), device="cuda")
     for index in batches[:10]:  # compiles, and settles the grid
