@@ -5,6 +5,8 @@ own kernel, the same bits twice, and the route the trainer records."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,10 +57,15 @@ def rms(t):
     (16, 4, "sigmoid", "adagrad", 16, 10),
     (32, 2, "relu", "adam", 24, 20),         # G_{L-1} read 32 columns wide
 ], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16", "adam-2x32-20-classes"])
-def test_step_matches_float64_and_the_flat_optimizer(width, depth, activation, optimizer, batch, classes) -> None:
+@pytest.mark.parametrize("copies", [0, 1, 2, 3], ids=["no-copies", "w-copy", "ag-copies", "all-copies"])
+def test_step_matches_float64_and_the_flat_optimizer(
+    width, depth, activation, optimizer, batch, classes, copies,
+) -> None:
+    """Each choice of transposed copies for the backward operands (Blocks.copies)."""
     x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer, classes=classes)
     step = fused(x, y, ours, opt_ours, activation, batch)
-    for scratch in (step.act, step.z, step.g):  # a read of anything the step did not write shows
+    step.use_blocks(dataclasses.replace(step.blocks, copies=copies))
+    for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):  # a read of anything unwritten shows
         scratch.fill_(float("nan"))
     index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:batch].to(DEVICE)
     total = torch.full((), 0.5, device=DEVICE)
@@ -85,6 +92,25 @@ def test_step_matches_float64_and_the_flat_optimizer(width, depth, activation, o
     assert torch.equal(state_ours["step"], state_layers["step"])  # every program's count advanced once
 
 
+def test_a_bf16_step_is_within_bf16_rounding() -> None:
+    """bf16 keeps the backward operands' transposed copies in bf16 (the rounding its MMA
+    applies anyway): gradients within the GPU test's bf16 bound of float64 (below), and
+    nothing unwritten read. The interpreter runs the bf16 products in fp32, exactly."""
+    x, y, (model, _), (optim, _), exact = problem(48, 2, "leaky_relu", "adam")
+    step = fused(x, y, model, optim, "leaky_relu", 40, "bf16")
+    step.use_blocks(dataclasses.replace(step.blocks, copies=3))
+    assert step.act_t.dtype == step.g_t.dtype == step.w_t.dtype == torch.bfloat16
+    for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):
+        scratch.fill_(float("nan"))
+    index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:40].to(DEVICE)
+    step(index, torch.zeros((), device=DEVICE))
+    step.check()
+    F.cross_entropy(exact(x[index].double()), y[index]).backward()
+    for (_, start, stop), reference in zip(optim.spans(), exact.parameters()):
+        want = reference.grad.flatten()
+        assert rms(optim.flat.grad[start:stop].double() - want) <= 0.1 * rms(want)
+
+
 def guarded(tensor, pad=4096, sentinel=12345.0):
     """`tensor`'s values in the middle of a buffer `pad` elements longer each side."""
     outer = torch.full((tensor.numel() + 2 * pad,), sentinel, dtype=tensor.dtype, device=tensor.device)
@@ -109,7 +135,8 @@ def test_the_step_writes_nothing_outside_its_buffers() -> None:
     for name, value in state.items():
         outer[name], optim.state[moved][name] = guarded(value)
     step = fused(x, y, model, optim, "leaky_relu", batch)
-    for name in ("act", "g", "part", "loss"):
+    step.use_blocks(dataclasses.replace(step.blocks, copies=3))
+    for name in ("act", "g", "act_t", "g_t", "w_t", "part", "loss"):
         outer[name], view = guarded(getattr(step, name))
         setattr(step, name, view)
     step.z = step.act
@@ -202,6 +229,17 @@ def test_tiles_leave_few_programs_idle() -> None:
     assert shape(64, 512) == (16, 32)
     assert shape(512, 512, sms=64) == (32, 64)
     assert mlp_step.blocks_for(512, 512, 132, interpreter=True).m == 16
+
+
+def test_only_bf16_takes_the_transposed_copies() -> None:
+    """Measured: at bf16 the backward phases read bf16 copies faster; at fp32 and TF32
+    the fp32 copies made the step slower (docs/results-kernels.md)."""
+    for interpreter in (False, True):
+        def copies(precision):
+            return mlp_step.blocks_for(512, 512, 132, precision, interpreter=interpreter).copies
+
+        assert copies("bf16") == mlp_step.BF16_COPIES != 0
+        assert copies("fp32") == copies("tf32") == 0
 
 
 @pytest.fixture(scope="module")

@@ -93,9 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     optimizer = FlatOptimizer(list(model.parameters()), "adam", **OPTIMIZERS["adam"][1])
     step = mlp_step.FusedStep(x, y, [*model.hidden, model.head], optimizer, "leaky_relu", args.precision, args.batch)
     if args.per_sm is not None:
-        step.blocks = dataclasses.replace(step.blocks, per_sm=args.per_sm)
+        step.use_blocks(dataclasses.replace(step.blocks, per_sm=args.per_sm))
     if args.tiles is not None:
-        step.blocks = dataclasses.replace(step.blocks, m=args.tiles[0], n=args.tiles[1])
+        step.use_blocks(dataclasses.replace(step.blocks, m=args.tiles[0], n=args.tiles[1]))
     batches = torch.randint(0, rows, (args.steps, args.batch), device="cuda")
     total = torch.zeros((), device="cuda")
     for index in batches[:10]:  # compiles, and settles the grid

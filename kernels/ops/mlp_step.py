@@ -3,10 +3,12 @@
 P programs (one or two per SM, all resident) walk the step in phases between grid
 barriers: the hidden forward tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per
 layer its input-gradient tiles beside the next layer's weight-gradient tiles, each with
-the optimizer in its epilogue; last dW_1 and dW_0. A weight is updated one phase after
-the last read of its old value, and each dW tile is reduced by one program in order: a
-step is deterministic and its bits do not depend on P. Parameters, gradients and state
-are a `kernels.ops.optim.FlatOptimizer`'s, so either route continues the other's run.
+the optimizer in its epilogue; last dW_1 and dW_0. At bf16 the backward tiles read
+bf16 transposed copies of W, A and G that the tiles producing them also write. A weight
+is updated one phase after the last read of its old value, and each dW tile is reduced
+by one program in order: a step is deterministic and its bits do not depend on P.
+Parameters, gradients and state are a `kernels.ops.optim.FlatOptimizer`'s, so either
+route continues the other's run.
 Under the interpreter P = 1 and a barrier passes at once, so CPU tests run this code; a
 barrier that waits too long sets a flag `check` raises on, rather than hang the device.
 The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the default) where it was
@@ -39,6 +41,7 @@ from kernels.plan.launch_plan import cdiv
 from kernels.plan.launch_plan import next_power_of_2
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRETED = tl.constexpr(INTERPRETER)
 MAX_CLASSES = 64  # the head tile holds a row's logits whole
 MAX_SCRATCH_BYTES = 1 << 30
 SPIN_LIMIT = 1 << 20  # barrier polls before giving up: about half a second, thousands of phases
@@ -53,6 +56,7 @@ HYPERPARAMETERS = ("LR", "WEIGHT_DECAY", "EPS", "BETA1", "BETA2", "LOG2_BETA1", 
 AUTO_MAX_DEPTH = 5
 AUTO_MAX_WIDTH = 512
 AUTO_MIN_ROWS = 64
+BF16_COPIES = 3  # Blocks.copies at bf16: W, A and G transposed, in bf16
 
 
 def switch_from_env(value: str | None) -> str:
@@ -87,6 +91,9 @@ SWITCH = switch_from_env(os.environ.get("LOADBENCH_FUSED_STEP"))
 def _dot(a, b, acc, DOT: tl.constexpr):
     """acc + a @ b in fp32: bf16 operands for 'bf16', else fp32 at input precision DOT."""
     if DOT == "bf16":
+        if _INTERPRETED:  # its bf16 dot multiplies raw bits; bf16 products are exact in fp32
+            return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), acc,
+                          input_precision="ieee")
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     else:
         return tl.dot(a, b, acc, input_precision=DOT)
@@ -142,16 +149,29 @@ def _load_a(rows, offs_k, offs_m, M, K, GATHER: tl.constexpr):
 
 
 @triton.jit
+def _store_t(t_ptr, tile, offs_m, offs_c, M, M16, M_PAD, C):
+    """A (rows offs_m, columns offs_c) tile of a scratch matrix into its transposed copy
+    (column c at c * M_PAD), rows M to M16 as zeros, so readers load up to M16 aligned."""
+    tile = tl.where(offs_m[:, None] < M, tile, 0.0)
+    tl.store(t_ptr + offs_c[None, :].to(tl.int64) * M_PAD + offs_m[:, None], tile.to(t_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M16) & (offs_c[None, :] < C))
+
+
+@triton.jit
 def _forward_tile(
-    t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, M, N, K, F, F_PAD, W_MAX, slope,
-    GATHER: tl.constexpr, SAVE_Z: tl.constexpr, ACTIVATION: tl.constexpr, DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, a_t_ptr, out_t_ptr, w_t_ptr, M, M16, M_PAD, N, K, F,
+    F_PAD, W_MAX, slope, GATHER: tl.constexpr, SAVE_Z: tl.constexpr, ACTIVATION: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COPIES: tl.constexpr,
 ):
     """Tile t of A_{i+1} = act(A_i @ W_i.T + b_i) (and Z_i for silu) into scratch. With
     GATHER, the tiles of column 0 also copy the batch's rows of X into a_ptr, zero-padded
-    to F_PAD columns, so that dW_0 reads them aligned rather than gathers them again."""
+    to F_PAD columns, so that dW_0 reads them aligned rather than gathers them again.
+    With COPIES & 2 the tile also writes A_{i+1} transposed (out_t_ptr; X's copy to
+    a_t_ptr), and with COPIES & 1 and no GATHER its share of W_i transposed (w_t_ptr),
+    for the backward tiles (see _input_grad_tile, _weight_tile)."""
     tiles_n = tl.cdiv(N, BLOCK_N)
-    offs_m = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_block = t // tiles_n
+    offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rows = _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER, a_ptr, W_MAX)
@@ -160,24 +180,39 @@ def _forward_tile(
         a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER)
         if GATHER:
             if t % tiles_n == 0:
-                tl.store(a_ptr + offs_m[:, None].to(tl.int64) * W_MAX + (k0 + offs_k)[None, :], a,
-                         mask=(offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < F_PAD))
+                copy = (offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < F_PAD)
+                tl.store(a_ptr + offs_m[:, None].to(tl.int64) * W_MAX + (k0 + offs_k)[None, :], a, mask=copy)
+                if COPIES & 2:  # rows M to M16 as zeros: dW_0 reads up to M16, aligned
+                    tl.store(a_t_ptr + (k0 + offs_k)[None, :].to(tl.int64) * M_PAD + offs_m[:, None],
+                             a.to(a_t_ptr.dtype.element_ty),
+                             mask=(offs_m[:, None] < M16) & ((k0 + offs_k)[None, :] < F_PAD))
         w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
                     mask=(offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K), other=0.0)
         acc = _dot(a, w, acc, DOT)
     z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out = offs_m[:, None].to(tl.int64) * W_MAX + offs_n[None, :]
-    tl.store(out_ptr + out, activation(z, ACTIVATION, slope), mask=mask)
+    a_next = activation(z, ACTIVATION, slope)
+    tl.store(out_ptr + out, a_next, mask=mask)
     if SAVE_Z:
         tl.store(z_ptr + out, z, mask=mask)
+    if COPIES & 2:
+        _store_t(out_t_ptr, a_next, offs_m, offs_n, M, M16, M_PAD, N)
+    if (COPIES & 1) and not GATHER:
+        # W_i^T for G_{i-1} = G_i W_i: chunk j of K by row block j mod the row blocks, once
+        # each, after the product (stored inside its loop, it stalled the loop's pipeline).
+        for k0 in range(row_block * BLOCK_K, K, tl.cdiv(M, BLOCK_M) * BLOCK_K):
+            w_mask = (offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K)
+            w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None], mask=w_mask, other=0.0)
+            tl.store(w_t_ptr + (k0 + offs_k)[:, None].to(tl.int64) * W_MAX + offs_n[None, :],
+                     w.to(w_t_ptr.dtype.element_ty), mask=w_mask)
 
 
 @triton.jit
 def _head_tile(
-    t, y_ptr, idx_ptr, a_ptr, saved_ptr, w_ptr, b_ptr, g_ptr, g_prev_ptr, part_ptr, M, C, K, W_MAX, inv_m, slope, one,
-    ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-    HEAD_K: tl.constexpr,
+    t, y_ptr, idx_ptr, a_ptr, saved_ptr, w_ptr, b_ptr, g_ptr, g_prev_ptr, g_t_ptr, g_prev_t_ptr, part_ptr, M, M16,
+    M_PAD, C, K, W_MAX, inv_m, slope, one, ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_K: tl.constexpr, COPIES: tl.constexpr,
 ):
     """Tile t = (rows r, columns c) of the head: the logits of BLOCK_M rows, and from them
     G_{L-2} = (G_{L-1} @ W_{L-1}) * act'(.) for column block c of BLOCK_K. Every column
@@ -213,21 +248,29 @@ def _head_tile(
         tl.store(part_ptr + r, tl.sum(tl.where(row_ok, loss, 0.0), axis=0))
         tl.store(g_ptr + offs_m[:, None].to(tl.int64) * W_MAX + offs_c[None, :], g,
                  mask=row_ok[:, None] & col_ok[None, :])
+        if COPIES & 2:
+            _store_t(g_t_ptr, g, offs_m, offs_c, M, M16, M_PAD, C)
     cols = (t % chunks) * BLOCK_K + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + offs_c[:, None] * K + cols[None, :], mask=col_ok[:, None] & (cols[None, :] < K), other=0.0)
     dh = _dot(g, w, tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32), DOT)
     out = offs_m[:, None].to(tl.int64) * W_MAX + cols[None, :]
     mask = row_ok[:, None] & (cols[None, :] < K)
     saved = tl.load(saved_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
-    tl.store(g_prev_ptr + out, activation_grad(dh, saved, ACTIVATION, slope, one), mask=mask)
+    g_prev = activation_grad(dh, saved, ACTIVATION, slope, one)
+    tl.store(g_prev_ptr + out, g_prev, mask=mask)
+    if COPIES & 2:
+        _store_t(g_prev_t_ptr, g_prev, offs_m, cols, M, M16, M_PAD, K)
 
 
 @triton.jit
 def _input_grad_tile(
-    t, g_ptr, saved_ptr, w_ptr, g_prev_ptr, M, N, K, W_MAX, slope, one,
+    t, g_ptr, saved_ptr, w_ptr, w_t_ptr, g_prev_ptr, g_prev_t_ptr, M, M16, M_PAD, N, K, W_MAX, slope, one,
     ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    COPIES: tl.constexpr,
 ):
-    """Tile t of G_{i-1} = (G_i @ W_i) * act'(.): (M, K) out, reduced over W_i's N rows."""
+    """Tile t of G_{i-1} = (G_i @ W_i) * act'(.): (M, K) out, reduced over W_i's N rows.
+    With COPIES & 1, W_i comes from its transposed copy (N contiguous, so the MMA's operand
+    loads whole from shared memory); with COPIES & 2, G_{i-1} also goes out transposed."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_m = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -236,13 +279,20 @@ def _input_grad_tile(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for n0 in range(0, N, BLOCK_K):
         g = _load_a(rows, n0 + offs_r, offs_m, M, N, False)
-        w = tl.load(w_ptr + (n0 + offs_r)[:, None] * K + offs_k[None, :],
-                    mask=((n0 + offs_r)[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+        w_mask = ((n0 + offs_r)[:, None] < N) & (offs_k[None, :] < K)
+        if COPIES & 1:
+            w = tl.load(w_t_ptr + offs_k[None, :].to(tl.int64) * W_MAX + (n0 + offs_r)[:, None], mask=w_mask,
+                        other=0.0, cache_modifier=".cg")
+        else:
+            w = tl.load(w_ptr + (n0 + offs_r)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
         acc = _dot(g, w, acc, DOT)
     out = offs_m[:, None].to(tl.int64) * W_MAX + offs_k[None, :]
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     saved = tl.load(saved_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
-    tl.store(g_prev_ptr + out, activation_grad(acc, saved, ACTIVATION, slope, one), mask=mask)
+    g_prev = activation_grad(acc, saved, ACTIVATION, slope, one)
+    tl.store(g_prev_ptr + out, g_prev, mask=mask)
+    if COPIES & 2:
+        _store_t(g_prev_t_ptr, g_prev, offs_m, offs_k, M, M16, M_PAD, K)
 
 
 @triton.jit
@@ -274,8 +324,9 @@ def _update(
 
 @triton.jit
 def _weight_tile(
-    t, a_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, N, N_LOAD, K, K_LOAD, W_MAX, step,
-    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
+    t, a_ptr, g_ptr, a_t_ptr, g_t_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, M16, M_PAD, N, N_LOAD, K,
+    K_LOAD, W_MAX, step, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    CHUNK: tl.constexpr, COPIES: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
@@ -283,7 +334,9 @@ def _weight_tile(
     """Tile t of dW_i = G_i.T @ A_i (BLOCK_M of W's rows by BLOCK_N of its columns),
     reduced over the batch in order, and db_i from the tiles of column 0; then the
     optimizer's update of those parameters. G_i's columns are read up to N_LOAD >= N and
-    A_i's up to K_LOAD >= K (X's copy's zero padding), which keeps the loads aligned."""
+    A_i's up to K_LOAD >= K (X's copy's zero padding), which keeps the loads aligned. With
+    COPIES & 2 both come from their transposed copies, the batch contiguous, read up to M16
+    (zeros past M): the MMA's operands then load whole from shared memory."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_n = _first_row(t, tiles_k, BLOCK_M) + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -294,9 +347,15 @@ def _weight_tile(
     gsum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for m0 in range(0, M, BLOCK_K):
         offs_b = m0 + offs_r
-        gt = tl.load(g_ptr + offs_b[None, :].to(tl.int64) * W_MAX + offs_n[:, None],
-                     mask=(offs_b[None, :] < M) & (offs_n[:, None] < N_LOAD), other=0.0, cache_modifier=".cg")
-        a = _load_a(a_ptr + offs_b.to(tl.int64) * W_MAX, offs_k, offs_b, M, K_LOAD, False)
+        if COPIES & 2:
+            gt = tl.load(g_t_ptr + offs_n[:, None].to(tl.int64) * M_PAD + offs_b[None, :],
+                         mask=(offs_b[None, :] < M16) & (offs_n[:, None] < N_LOAD), other=0.0, cache_modifier=".cg")
+            a = tl.load(a_t_ptr + offs_k[None, :].to(tl.int64) * M_PAD + offs_b[:, None],
+                        mask=(offs_b[:, None] < M16) & (offs_k[None, :] < K_LOAD), other=0.0, cache_modifier=".cg")
+        else:
+            gt = tl.load(g_ptr + offs_b[None, :].to(tl.int64) * W_MAX + offs_n[:, None],
+                         mask=(offs_b[None, :] < M) & (offs_n[:, None] < N_LOAD), other=0.0, cache_modifier=".cg")
+            a = _load_a(a_ptr + offs_b.to(tl.int64) * W_MAX, offs_k, offs_b, M, K_LOAD, False)
         acc = _dot(gt, a, acc, DOT)
         gsum += gt
     db = tl.sum(gsum, axis=1)
@@ -346,9 +405,10 @@ def _layer(layout_ptr, i, HINT_N: tl.constexpr, HINT_K: tl.constexpr):
 @triton.jit
 def _step_kernel(
     x_ptr, y_ptr, idx_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, step_ptr, n_steps, layout_ptr,
-    act_ptr, z_ptr, g_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr,
-    M, F, F_PAD, C, M_MAX, W_MAX, inv_m, slope, one,
-    L: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, DOT: tl.constexpr, ALIGNED: tl.constexpr,
+    act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr,
+    M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one,
+    L: tl.constexpr, COPIES: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, DOT: tl.constexpr,
+    ALIGNED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
@@ -360,10 +420,13 @@ def _step_kernel(
     layout_ptr: int64 (L, 4) of each layer's weight offset, bias offset, N and K in the
     flat buffers. Scratch layer j (act, z, g) starts at j * M_MAX * W_MAX, rows W_MAX apart:
     act[j] holds A_j (j >= 1; act[0] the batch's rows of X, F_PAD wide), z[j] Z_{j-1}
-    (silu), g[j] G_j."""
+    (silu), g[j] G_j. COPIES (bits): 2, act_t and g_t hold A_j and G_j transposed (planes
+    of W_MAX columns M_PAD apart); 1, w_t[i] holds W_i transposed (rows W_MAX apart)."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
+    plane_t = W_MAX * M_PAD
+    plane_w = W_MAX * W_MAX
     step = tl.load(step_ptr).to(tl.float64) + 1.0
     _stamp(times_ptr, 0, TIMING)
     if TIMING:
@@ -373,14 +436,16 @@ def _step_kernel(
     w_off, b_off, N, K = _layer(layout_ptr, 0, ALIGNED, False)
     for t in range(pid, tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), P):
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
-                      M, N, K, F, F_PAD, W_MAX, slope, True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+                      act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
+                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES)
     _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING)
     for i in range(1, L - 1):
         w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED, ALIGNED)
         for t in range(pid, tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), P):
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
-                          act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, M, N, K, F, F_PAD, W_MAX, slope,
-                          False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+                          act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, act_t_ptr + i * plane_t,
+                          act_t_ptr + (i + 1) * plane_t, w_t_ptr + i * plane_w, M, M16, M_PAD, N, K, F, F_PAD,
+                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES)
         _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING)
     # The head, the loss, G_{L-1} and G_{L-2}.
     h = L - 1
@@ -388,8 +453,9 @@ def _step_kernel(
     saved = z_ptr  # the host passes act as z where no Z is kept
     for t in range(pid, tl.cdiv(M, HEAD_M) * tl.cdiv(K, BLOCK_N), P):
         _head_tile(t, y_ptr, idx_ptr, act_ptr + h * plane, saved + h * plane, p_ptr + w_off, p_ptr + b_off,
-                   g_ptr + h * plane, g_ptr + (h - 1) * plane, part_ptr, M, C, K, W_MAX, inv_m, slope, one,
-                   ACTIVATION, DOT, HEAD_M, BLOCK_C, BLOCK_N, HEAD_K)
+                   g_ptr + h * plane, g_ptr + (h - 1) * plane, g_t_ptr + h * plane_t, g_t_ptr + (h - 1) * plane_t,
+                   part_ptr, M, M16, M_PAD, C, K, W_MAX, inv_m, slope, one,
+                   ACTIVATION, DOT, HEAD_M, BLOCK_C, BLOCK_N, HEAD_K, COPIES)
     _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L - 1, TIMING)
     # Phase j: G_{k-1} for k = L-2-j (none when k = 0) beside dW_{k+1}, whose old weights
     # were last read in the phase before; the last phase (k = 0) adds dW_0. One run-time
@@ -413,18 +479,19 @@ def _step_kernel(
         tiles = weight_tiles + tl.where(k == 0, tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N), 0)
         for t in range(pid, tiles, P):
             if t < data_tiles:
-                _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off,
-                                 g_ptr + (k - 1) * plane, M, N, K, W_MAX, slope, one,
-                                 ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+                _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off, w_t_ptr + k * plane_w,
+                                 g_ptr + (k - 1) * plane, g_t_ptr + (k - 1) * plane_t, M, M16, M_PAD, N, K, W_MAX,
+                                 slope, one, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES)
             elif t < weight_tiles:
-                _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, p_ptr, grad_ptr,
-                             s1_ptr, s2_ptr, wu_off, bu_off,
-                             M, Nu, Nu_load, Ku, Ku, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK,
-                             ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
+                _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, act_t_ptr + u * plane_t,
+                             g_t_ptr + u * plane_t, p_ptr, grad_ptr, s1_ptr, s2_ptr, wu_off, bu_off,
+                             M, M16, M_PAD, Nu, Nu_load, Ku, Ku, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK,
+                             COPIES, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
             else:
-                _weight_tile(t - weight_tiles, act_ptr, g_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr,  # X's copy, from F_0
-                             w0_off, b0_off, M, N0, N0, K0, F_PAD, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK,
+                _weight_tile(t - weight_tiles, act_ptr, g_ptr, act_t_ptr, g_t_ptr,  # X's copy, from F_0
+                             p_ptr, grad_ptr, s1_ptr, s2_ptr, w0_off, b0_off, M, M16, M_PAD, N0, N0, K0, F_PAD, W_MAX,
+                             step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
         if k > 0:
@@ -457,6 +524,7 @@ class Blocks:
     stages: int = 3
     head_k: int = 128  # the head's reduction step: its logits are a short, latency-bound loop
     per_sm: int = 1  # programs per SM, where the compiled kernel's registers and shared memory allow
+    copies: int = 0  # backward operands from transposed copies: 1 W (_input_grad_tile), 2 A and G (_weight_tile)
 
     @property
     def chunk(self) -> int:
@@ -464,20 +532,24 @@ class Blocks:
         return min(self.m * self.n, 128 * self.warps)
 
 
-def blocks_for(rows: int, width: int, sms: int, interpreter: bool = INTERPRETER) -> Blocks:
+def blocks_for(
+    rows: int, width: int, sms: int, precision: str = "fp32", interpreter: bool = INTERPRETER,
+) -> Blocks:
     """The largest tiles that still give a phase work for most of the 2 x `sms` programs:
     32 x 64 where a hidden layer has 3/4 as many tiles as programs (fewer bytes read per
     product), else 16 x 64 where it has half as many, else 16 x 32 (the study shape: 256
-    tiles of 16 x 64, where 32 x 64 left half the programs idle). Measured choices:
-    docs/results-kernels.md."""
+    tiles of 16 x 64, where 32 x 64 left half the programs idle). At bf16 the backward
+    operands come from bf16 transposed copies (`copies`); at fp32 and TF32 the copies
+    were slower. Measured choices: docs/results-kernels.md."""
+    copies = BF16_COPIES if precision == "bf16" else 0
     if interpreter:
-        return Blocks(16, 16, 16, 16, 4, head_k=16)
+        return Blocks(16, 16, 16, 16, 4, head_k=16, copies=copies)
     programs = 2 * sms  # Blocks.per_sm below; one per SM only where two do not fit
     if cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
-        return Blocks(32, 64, 32, 16, 4, per_sm=2)
+        return Blocks(32, 64, 32, 16, 4, per_sm=2, copies=copies)
     if cdiv(rows, 16) * cdiv(width, 64) >= programs // 2:
-        return Blocks(16, 64, 32, 16, 4, per_sm=2)
-    return Blocks(16, 32, 32, 16, 4, per_sm=2)
+        return Blocks(16, 64, 32, 16, 4, per_sm=2, copies=copies)
+    return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies)
 
 
 def resident_per_sm(
@@ -498,7 +570,8 @@ def unfit_reason(widths: list[int], classes: int, rows: int, in_features: int) -
         return f"{classes} classes > {MAX_CLASSES}"
     if len(widths) < 2:
         return "no hidden layer"
-    scratch = 3 * len(widths) * rows * max(widths + [in_features]) * 4
+    w, pad = max(widths + [in_features]), cdiv(rows, 16) * 16
+    scratch = (3 * rows * w + 2 * w * pad + w * w) * len(widths) * 4  # FusedStep's act, z, g, act_t, g_t, w_t
     if scratch > MAX_SCRATCH_BYTES:
         return f"scratch of {scratch >> 20} MiB > {MAX_SCRATCH_BYTES >> 20} MiB"
     return None
@@ -537,9 +610,11 @@ class FusedStep:
         self.block_c = max(16, next_power_of_2(self.widths[-1]))  # >= the columns of G_{L-1} read
         self.w_max = max(self.widths + [self.f_pad, self.block_c])
         self.classes = self.widths[-1]
-        self.programs = 1 if INTERPRETER else torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.blocks = blocks_for(batch, max(self.widths[:-1]), self.programs)
+        self.sms = 1 if INTERPRETER else torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.programs = self.sms
+        self.blocks = blocks_for(batch, max(self.widths[:-1]), self.sms, precision)
         plane = batch * self.w_max
+        self.m_pad = cdiv(batch, 16) * 16  # rows of the transposed copies: readers load 16 at a time
         self.act = torch.zeros(self.L * plane, device=self.device)
         self.z = torch.zeros(self.L * plane, device=self.device) if self.save_z else self.act
         self.g = torch.zeros(self.L * plane, device=self.device)
@@ -558,6 +633,21 @@ class FusedStep:
         self.timing = False
         self.times = torch.zeros(self.programs, 32, dtype=torch.int64, device=self.device)
         self.grid: int | None = None  # programs per launch, settled at the first
+        self.precision = precision
+        self.use_blocks(self.blocks)
+
+    def use_blocks(self, blocks: Blocks) -> None:
+        """Run with these tiles and copies from the next launch on (the transposed copies'
+        buffers sized to match; one element where a copy is not kept)."""
+        self.blocks, self.grid = blocks, None
+        # The copies feed only the MMA: at bf16 they are kept in bf16, the rounding the MMA
+        # applies anyway, so a copy is half the bytes and shared memory hands it whole.
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        columns = self.L * self.w_max * self.m_pad if blocks.copies & 2 else 1
+        self.act_t = torch.zeros(columns, dtype=dtype, device=self.device)
+        self.g_t = torch.zeros(columns, dtype=dtype, device=self.device)
+        self.w_t = torch.zeros(self.L * self.w_max * self.w_max if blocks.copies & 1 else 1, dtype=dtype,
+                               device=self.device)
 
     @staticmethod
     def usable(layers: list[torch.nn.Linear], rows: int) -> str | None:
@@ -585,11 +675,13 @@ class FusedStep:
         b = self.blocks
         args = [
             self.x, self.y, index, flat, flat.grad, s1, s2, state["step"], state["step"].numel(), self.layout,
-            self.act, self.z, self.g, self.part, total, self.loss, self.barrier, self.flag,
-            m, self.x.shape[1], self.f_pad, self.classes, self.rows, self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
+            self.act, self.z, self.g, self.act_t, self.g_t, self.w_t, self.part, total, self.loss, self.barrier,
+            self.flag, m, cdiv(m, 16) * 16, self.x.shape[1], self.f_pad, self.classes, self.rows, self.m_pad,
+            self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
         ]
         kwargs = dict(
-            L=self.L, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot, ALIGNED=self.aligned,
+            L=self.L, COPIES=b.copies, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
+            ALIGNED=self.aligned,
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, CHUNK=b.chunk, HEAD_M=b.head_m, HEAD_K=b.head_k,
             BLOCK_C=self.block_c, PARTS=self.parts, ALGORITHM=self.algorithm,
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
@@ -601,6 +693,7 @@ class FusedStep:
         """The grid: blocks.per_sm programs per SM where the compiled kernel's registers,
         shared memory and threads let that many stay resident at once (a barrier waits
         for every program, so all must be), else one per SM."""
+        self.programs = self.sms
         if INTERPRETER or self.blocks.per_sm == 1:
             return self.programs
         args, kwargs = self._arguments(index, total)
@@ -608,7 +701,7 @@ class FusedStep:
         if hasattr(kernel, "_init_handles"):
             kernel._init_handles()
         props = torch.cuda.get_device_properties(self.device)
-        self.programs *= resident_per_sm(
+        self.programs = self.sms * resident_per_sm(
             self.blocks.per_sm, kernel.n_regs, kernel.metadata.shared, self.blocks.warps,
             getattr(props, "regs_per_multiprocessor", 65536),
             getattr(props, "shared_memory_per_multiprocessor", 228 * 1024),
