@@ -163,12 +163,39 @@ def test_same_seed_same_bits() -> None:
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
+@interpreter
+@pytest.mark.parametrize(("width", "depth", "batch", "block_m", "copies", "precision"), [
+    (48, 3, 40, 16, 0, "fp32"),
+    (32, 1, 33, 16, 3, "fp32"),   # one hidden layer: the head makes G_0
+    (40, 2, 24, 16, 1, "bf16"),   # W's copy: G's tiles also wait for all of F
+    (32, 2, 40, 32, 2, "fp32"),   # two head row blocks to a row block, the last one short
+], ids=["3x48", "1x32-all-copies", "2x40-bf16-w-copy", "2x32-tall-rows"])
+def test_flags_give_the_barriers_bits(width, depth, batch, block_m, copies, precision) -> None:
+    """Tiles that wait for counters of what they read (Blocks.flags) compute what the grid
+    barriers do, bit for bit, over launches of different batch sizes (an epoch's short
+    last batch between full ones); every wait's count is met (the flag stays clear), and
+    each launch leaves the counters zero for the next."""
+    results = []
+    for flags in (False, True):
+        x, y, (model, _), (optim, _), _ = problem(width, depth, "tanh", "adam", rows=200)
+        step = fused(x, y, model, optim, "tanh", batch, precision)
+        step.use_blocks(dataclasses.replace(step.blocks, m=block_m, head_m=16, copies=copies, flags=flags))
+        assert step.sync.numel() == mlp_step.sync_counters(depth + 1, batch, block_m)
+        total = torch.zeros((), device=DEVICE)
+        for launch, rows in enumerate((batch, batch - 3, batch)):
+            step(torch.arange(launch * batch, launch * batch + rows, device=DEVICE), total)
+            assert not step.sync.any()
+        step.check()
+        results.append((optim.flat.detach().clone(), optim.flat.grad.clone(), total.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+
+
 def test_a_timed_out_barrier_is_an_error_not_a_hang() -> None:
     x, y, (model, _), (optim, _), _ = problem(16, 1, "relu", "sgd", rows=64)
     step = fused(x, y, model, optim, "relu", 16)
     step.check()  # nothing launched: no flag
-    step.flag.fill_(1)  # what a barrier that gave up leaves
-    with pytest.raises(RuntimeError, match="grid barrier timed out.*LOADBENCH_FUSED_STEP=0"):
+    step.flag.fill_(1)  # what a barrier or counter wait that gave up leaves
+    with pytest.raises(RuntimeError, match="a wait between tiles timed out.*LOADBENCH_FUSED_STEP=0"):
         step.check()
 
 
@@ -231,6 +258,24 @@ def test_tiles_leave_few_programs_idle() -> None:
     assert mlp_step.blocks_for(512, 512, 132, interpreter=True).m == 16
 
 
+def test_flags_where_they_were_measured_faster() -> None:
+    """Counter waits wherever they were measured faster than grid barriers (every
+    precision at the study shape and with 16 x 32 tiles, but fp32 under 256 rows); 64-wide
+    forward steps likewise. The interpreter takes the counters, so CI runs that path."""
+    def choice(rows, width, precision):
+        blocks = mlp_step.blocks_for(rows, width, 132, precision, interpreter=False)
+        return blocks.flags, blocks.k_forward
+
+    for precision in ("fp32", "tf32", "bf16"):
+        assert choice(512, 512, precision) == (True, 64)
+        assert not choice(512, 1024, precision)[0]  # 32 x 64 tiles: not measured
+        assert mlp_step.blocks_for(512, 512, 132, precision, interpreter=True).flags
+    assert choice(64, 512, "fp32") == choice(128, 512, "fp32") == (False, 0)
+    assert choice(256, 512, "fp32") == choice(512, 256, "fp32") == (True, 0)
+    assert choice(64, 512, "tf32") == (True, 64) and choice(256, 512, "tf32") == (True, 0)
+    assert choice(64, 512, "bf16") == choice(512, 256, "bf16") == (True, 64)
+
+
 def test_only_bf16_takes_the_transposed_copies() -> None:
     """Measured: at bf16 the backward phases read bf16 copies faster; at fp32 and TF32
     the fp32 copies made the step slower (docs/results-kernels.md)."""
@@ -287,14 +332,16 @@ def test_an_epoch_through_the_fused_step_follows_the_layer_route(tiny, monkeypat
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("flags", [False, True], ids=["barriers", "flags"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_study_shape_on_a_gpu(precision) -> None:
+def test_the_study_shape_on_a_gpu(precision, flags) -> None:
     """3x512, batch 512, a program per SM: gradients against float64 (fp32 as close as
     eager torch's; bf16 within bf16's rounding), the barrier flag clear, two runs equal."""
     runs = []
     for _ in range(2):
         x, y, (model, _), (optim, _), exact = problem(512, 3, "leaky_relu", "adam")
         step = fused(x, y, model, optim, "leaky_relu", 512, precision)
+        step.use_blocks(dataclasses.replace(step.blocks, flags=flags))
         index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:512].to(DEVICE)
         step(index, torch.zeros((), device=DEVICE))
         step.check()
@@ -305,6 +352,29 @@ def test_the_study_shape_on_a_gpu(precision) -> None:
             want = reference.grad.flatten()
             assert rms(optim.flat.grad[start:stop].double() - want) <= bound * rms(want)
     assert torch.equal(runs[0], runs[1])
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (128, 1, 64, "fp32")],
+                         ids=["3x512-tf32", "5x512-bf16", "1x128-batch-64"])
+def test_flags_race_nothing_on_a_gpu(shape) -> None:
+    """With every program resident and running at once, 30 steps whose tiles wait on
+    counters (some batches short) end on the bits the grid barriers give: a read that
+    raced its producer would show as a difference somewhere in the parameters."""
+    width, depth, batch, precision = shape
+    results = []
+    for flags in (False, True):
+        x, y, (model, _), (optim, _), _ = problem(width, depth, "leaky_relu", "adam", rows=4000)
+        step = fused(x, y, model, optim, "leaky_relu", batch, precision)
+        step.use_blocks(dataclasses.replace(step.blocks, flags=flags))
+        total = torch.zeros((), device=DEVICE)
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+        for s in range(30):  # every seventh batch short, as an epoch's last one is
+            step(order[(s * batch) % 3000 :][: batch - 13 * (s % 7 == 6)], total)
+        step.check()
+        results.append((optim.flat.detach().clone(), total.clone()))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
 def test_the_phase_table_reads_the_stamps() -> None:
@@ -330,6 +400,10 @@ def test_the_phase_tool_takes_a_tile_shape_and_refuses_a_bad_one(capsys) -> None
             main(["--tiles", bad])
         assert stop.value.code == 2
         assert f"argument --tiles: {bad!r}: expected MxN" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["--sync", "barrier"])
+    assert stop.value.code == 2
+    assert "argument --sync: invalid choice: 'barrier'" in capsys.readouterr().err
 
 
 def test_the_phase_tool_refuses_without_a_gpu(capsys) -> None:

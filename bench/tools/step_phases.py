@@ -3,6 +3,7 @@
     python -m bench.tools.step_phases                        # 3x512, batch 512, fp32
     python -m bench.tools.step_phases --precision tf32 --per-sm 1 --batch 64
     python -m bench.tools.step_phases --tiles 32x64           # another tile shape than blocks_for's
+    python -m bench.tools.step_phases --sync flags            # no grid barriers: tiles wait on counters
 
 Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps with CUDA
 events, then replays a few with %globaltimer stamps at every grid barrier and prints,
@@ -71,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="programs per SM (default: the kernel's choice)")
     parser.add_argument("--tiles", type=parse_tiles, default=None, metavar="MxN",
                         help="output tile rows x columns (default: the kernel's choice, blocks_for)")
+    parser.add_argument("--sync", choices=("barriers", "flags"), default=None,
+                        help="grid barriers between phases, or tiles that wait for what they read "
+                             "(default: the kernel's choice)")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args(argv)
 
@@ -96,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         step.use_blocks(dataclasses.replace(step.blocks, per_sm=args.per_sm))
     if args.tiles is not None:
         step.use_blocks(dataclasses.replace(step.blocks, m=args.tiles[0], n=args.tiles[1]))
+    if args.sync is not None:
+        step.use_blocks(dataclasses.replace(step.blocks, flags=args.sync == "flags"))
     batches = torch.randint(0, rows, (args.steps, args.batch), device="cuda")
     total = torch.zeros((), device="cuda")
     for index in batches[:10]:  # compiles, and settles the grid

@@ -1,18 +1,17 @@
 """The whole MLP training step in one launch: forward, loss, backward and optimizer update.
 
-P programs (one or two per SM, all resident) walk the step in phases between grid
-barriers: the hidden forward tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per
-layer its input-gradient tiles beside the next layer's weight-gradient tiles, each with
-the optimizer in its epilogue; last dW_1 and dW_0. At bf16 the backward tiles read
-bf16 transposed copies of W, A and G that the tiles producing them also write. A weight
-is updated one phase after the last read of its old value, and each dW tile is reduced
-by one program in order: a step is deterministic and its bits do not depend on P.
-Parameters, gradients and state are a `kernels.ops.optim.FlatOptimizer`'s, so either
-route continues the other's run.
-Under the interpreter P = 1 and a barrier passes at once, so CPU tests run this code; a
-barrier that waits too long sets a flag `check` raises on, rather than hang the device.
-The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the default) where it was
-measured faster than the layer kernels. The math, phases, timings: docs/results-kernels.md.
+P programs (one or two per SM, all resident) walk the step in phases: the hidden forward
+tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per layer its input-gradient
+tiles beside the next layer's weight-gradient tiles, the optimizer in their epilogue;
+last dW_1 and dW_0. Between phases either a grid barrier, or (Blocks.flags) each tile
+waits on counters for the tiles it reads, and a weight's update for its last readers.
+At bf16 the backward tiles read bf16 transposed copies of W, A and G. Each dW tile is
+reduced by one program in order: a step is deterministic and its bits do not depend
+on P. Parameters, gradients and state are a FlatOptimizer's, so either route continues
+the other's run. Under the interpreter P = 1 and every wait passes at once, so CPU tests
+run this code; a wait that polls too long sets a flag `check` raises on, rather than
+hang the device. The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the
+default) where it was measured faster. The math, phases, timings: docs/results-kernels.md.
 """
 
 from __future__ import annotations
@@ -127,6 +126,45 @@ def _barrier(bar_ptr, flag_ptr, P, SPIN: tl.constexpr, times_ptr, slot, TIMING: 
         tl.atomic_xchg(flag_ptr, 1)
     _stamp(times_ptr, 2 + 2 * slot, TIMING)
     tl.debug_barrier()
+
+
+@triton.jit
+def _wait(ctr_ptr, target, flag_ptr, SPIN: tl.constexpr):
+    """Wait until the counter at ctr_ptr reaches `target` (its producers' signals), then
+    order this program's later reads after their writes; after SPIN polls set the flag
+    and go on, as _barrier does."""
+    seen = tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
+    polls = 0
+    while (seen < target) & (polls < SPIN):
+        seen = tl.load(ctr_ptr, volatile=True)
+        polls += 1
+    if polls > 0:
+        seen = tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
+    if seen < target:
+        tl.atomic_xchg(flag_ptr, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _signal(ctr_ptr, other_ptr, OTHER: tl.constexpr):
+    """Count a finished tile at ctr_ptr (and at other_ptr with OTHER), after all of its
+    threads' stores: a consumer that waits for the count reads what the tile wrote."""
+    tl.debug_barrier()
+    tl.atomic_add(ctr_ptr, 1, sem="release", scope="gpu")
+    if OTHER:
+        tl.atomic_add(other_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _phase_end(bar_ptr, flag_ptr, P, SPIN: tl.constexpr, times_ptr, slot, TIMING: tl.constexpr,
+               FLAGS: tl.constexpr):
+    """The end of a phase: a grid barrier, or with FLAGS (tiles wait for the tiles they
+    read) only the stamps, arrival and departure at once."""
+    if FLAGS:
+        _stamp(times_ptr, 1 + 2 * slot, TIMING)
+        _stamp(times_ptr, 2 + 2 * slot, TIMING)
+    else:
+        _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, slot, TIMING)
 
 
 @triton.jit
@@ -325,8 +363,9 @@ def _update(
 @triton.jit
 def _weight_tile(
     t, a_ptr, g_ptr, a_t_ptr, g_t_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, M16, M_PAD, N, N_LOAD, K,
-    K_LOAD, W_MAX, step, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    CHUNK: tl.constexpr, COPIES: tl.constexpr,
+    K_LOAD, W_MAX, step, ready_ptr, ready, flag_ptr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr,
+    SPIN: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
@@ -336,7 +375,8 @@ def _weight_tile(
     optimizer's update of those parameters. G_i's columns are read up to N_LOAD >= N and
     A_i's up to K_LOAD >= K (X's copy's zero padding), which keeps the loads aligned. With
     COPIES & 2 both come from their transposed copies, the batch contiguous, read up to M16
-    (zeros past M): the MMA's operands then load whole from shared memory."""
+    (zeros past M): the MMA's operands then load whole from shared memory. With FLAGS the
+    update waits for the counter at ready_ptr to reach `ready`: the old weights' last reads."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_n = _first_row(t, tiles_k, BLOCK_M) + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -365,6 +405,8 @@ def _weight_tile(
     tl.store(grad_ptr + w_off + offs_n[:, None] * K + offs_k[None, :], acc,
              mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
     tl.debug_barrier()  # the tile's stores, by all its threads, before any thread reads them back
+    if FLAGS:
+        _wait(ready_ptr, ready, flag_ptr, SPIN)
     for c in range(0, BLOCK_M * BLOCK_N, CHUNK):
         e = c + tl.arange(0, CHUNK)
         rows = _first_row(t, tiles_k, BLOCK_M) + e // BLOCK_N
@@ -405,11 +447,11 @@ def _layer(layout_ptr, i, HINT_N: tl.constexpr, HINT_K: tl.constexpr):
 @triton.jit
 def _step_kernel(
     x_ptr, y_ptr, idx_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, step_ptr, n_steps, layout_ptr,
-    act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr,
+    act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr, sync_ptr,
     M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one,
-    L: tl.constexpr, COPIES: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, DOT: tl.constexpr,
-    ALIGNED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
+    L: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
+    DOT: tl.constexpr, ALIGNED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORWARD_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
@@ -421,42 +463,67 @@ def _step_kernel(
     flat buffers. Scratch layer j (act, z, g) starts at j * M_MAX * W_MAX, rows W_MAX apart:
     act[j] holds A_j (j >= 1; act[0] the batch's rows of X, F_PAD wide), z[j] Z_{j-1}
     (silu), g[j] G_j. COPIES (bits): 2, act_t and g_t hold A_j and G_j transposed (planes
-    of W_MAX columns M_PAD apart); 1, w_t[i] holds W_i transposed (rows W_MAX apart)."""
+    of W_MAX columns M_PAD apart); 1, w_t[i] holds W_i transposed (rows W_MAX apart).
+    FLAGS: no grid barriers; a tile waits for counters of the tiles it reads (sync_ptr,
+    int64, `sync_counters`), which the last program to finish zeroes for the next launch."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
     plane_t = W_MAX * M_PAD
     plane_w = W_MAX * W_MAX
     step = tl.load(step_ptr).to(tl.float64) + 1.0
+    R = tl.cdiv(M, BLOCK_M)  # row blocks of the hidden tiles
+    # Counters: [0] programs started, [1] finished; rows of A_{i+1} done, per (i, row
+    # block); rows of G_k, per (k, row block); all of G_k (k < L-2: its tiles; the head's
+    # tiles count for G_{L-2} and G_{L-1}); all of F_i (whose tiles write W_i's copy).
+    rb = tl.cdiv(M_MAX, BLOCK_M)
+    rows_a = sync_ptr + 2
+    rows_g = rows_a + L * rb
+    done_g = rows_a + 2 * L * rb
+    done_f = done_g + L
+    if FLAGS:  # after the read of step, which program 0 overwrites once all have started
+        tl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu")
     _stamp(times_ptr, 0, TIMING)
     if TIMING:
         tl.store(times_ptr + pid * 32 + 31, tl.extra.cuda.smid().to(tl.int64))
     # Forward through the hidden layers: layer 0 gathers X's rows; the others share one
     # copy of the tile code (a run-time loop), so a phase finds its instructions cached.
     w_off, b_off, N, K = _layer(layout_ptr, 0, ALIGNED, False)
-    for t in range(pid, tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), P):
+    for t in range(pid, R * tl.cdiv(N, BLOCK_N), P):
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
                       act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
-                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES)
-    _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING)
+                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES)
+        if FLAGS:
+            _signal(rows_a + t // tl.cdiv(N, BLOCK_N), rows_a, False)
+    _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING, FLAGS)
     for i in range(1, L - 1):
         w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED, ALIGNED)
-        for t in range(pid, tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), P):
+        for t in range(pid, R * tl.cdiv(N, BLOCK_N), P):
+            if FLAGS:  # row block r of A_i: the previous layer's tiles of those rows
+                _wait(rows_a + (i - 1) * rb + t // tl.cdiv(N, BLOCK_N), tl.cdiv(K, BLOCK_N), flag_ptr, SPIN)
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
                           act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, act_t_ptr + i * plane_t,
                           act_t_ptr + (i + 1) * plane_t, w_t_ptr + i * plane_w, M, M16, M_PAD, N, K, F, F_PAD,
-                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES)
-        _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING)
+                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES)
+            if FLAGS:
+                _signal(rows_a + i * rb + t // tl.cdiv(N, BLOCK_N), done_f + i, COPIES & 1)
+        _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING, FLAGS)
     # The head, the loss, G_{L-1} and G_{L-2}.
     h = L - 1
     w_off, b_off, _, K = _layer(layout_ptr, L - 1, False, ALIGNED)
     saved = z_ptr  # the host passes act as z where no Z is kept
-    for t in range(pid, tl.cdiv(M, HEAD_M) * tl.cdiv(K, BLOCK_N), P):
+    head_tiles = tl.cdiv(M, HEAD_M) * tl.cdiv(K, BLOCK_N)
+    for t in range(pid, head_tiles, P):
+        r = t // tl.cdiv(K, BLOCK_N) * HEAD_M // BLOCK_M
+        if FLAGS:
+            _wait(rows_a + (L - 2) * rb + r, tl.cdiv(K, BLOCK_N), flag_ptr, SPIN)
         _head_tile(t, y_ptr, idx_ptr, act_ptr + h * plane, saved + h * plane, p_ptr + w_off, p_ptr + b_off,
                    g_ptr + h * plane, g_ptr + (h - 1) * plane, g_t_ptr + h * plane_t, g_t_ptr + (h - 1) * plane_t,
                    part_ptr, M, M16, M_PAD, C, K, W_MAX, inv_m, slope, one,
                    ACTIVATION, DOT, HEAD_M, BLOCK_C, BLOCK_N, HEAD_K, COPIES)
-    _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L - 1, TIMING)
+        if FLAGS:
+            _signal(rows_g + (L - 2) * rb + r, done_g + L - 1, True)
+    _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, L - 1, TIMING, FLAGS)
     # Phase j: G_{k-1} for k = L-2-j (none when k = 0) beside dW_{k+1}, whose old weights
     # were last read in the phase before; the last phase (k = 0) adds dW_0. One run-time
     # loop, so every phase runs the same copy of the tile code. Layer 0's K (the input
@@ -466,7 +533,7 @@ def _step_kernel(
         k = L - 2 - j
         u = k + 1
         w_off, _, N, K = _layer(layout_ptr, tl.maximum(k, 1), ALIGNED and L > 2, ALIGNED and L > 2)
-        data_tiles = tl.where(k > 0, tl.cdiv(M, BLOCK_M) * tl.cdiv(K, BLOCK_N), 0)
+        data_tiles = tl.where(k > 0, R * tl.cdiv(K, BLOCK_N), 0)
         wu_off, bu_off, Nu, Ku = _layer(layout_ptr, u, False, ALIGNED)
         # G_u is read up to the next multiple of 16 columns (the head's 10 too), so the
         # loads stay 16 bytes: those columns are inside a row (W_MAX >= BLOCK_C) and
@@ -477,28 +544,62 @@ def _step_kernel(
             Nu_load = Nu
         weight_tiles = data_tiles + tl.cdiv(Nu, BLOCK_M) * tl.cdiv(Ku, BLOCK_N)
         tiles = weight_tiles + tl.where(k == 0, tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N), 0)
+        # What the tiles wait for (FLAGS), as (counter, count per launch): all of G_k (the
+        # weight tiles' update: W_{k+1}'s last reads; dW_0's product) and of G_{k+1} (dW_{k+1}'s
+        # product). The head's tiles count for G_{L-1} and G_{L-2}.
+        Nk = tl.where(k > 0, N, N0)
+        if k >= L - 2:
+            all_k = done_g + L - 1
+            all_k_count = head_tiles
+        else:
+            all_k = done_g + k
+            all_k_count = R * tl.cdiv(Nk, BLOCK_N)
+        if u >= L - 2:
+            all_u = done_g + L - 1
+            all_u_count = head_tiles
+        else:
+            all_u = done_g + u
+            all_u_count = R * tl.cdiv(Nu, BLOCK_N)
         for t in range(pid, tiles, P):
             if t < data_tiles:
+                if FLAGS:
+                    r = t // tl.cdiv(K, BLOCK_N)
+                    count = tl.cdiv(N, BLOCK_N)  # G_k's tiles of a row block
+                    if k == L - 2:  # the head's, HEAD_M rows each (the last row block may hold fewer)
+                        count *= tl.minimum(BLOCK_M // HEAD_M, tl.cdiv(M, HEAD_M) - r * (BLOCK_M // HEAD_M))
+                    _wait(rows_g + k * rb + r, count, flag_ptr, SPIN)
+                    if COPIES & 1:  # W_k's copy, written by all of F_k's tiles
+                        _wait(done_f + k, R * tl.cdiv(N, BLOCK_N), flag_ptr, SPIN)
                 _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off, w_t_ptr + k * plane_w,
                                  g_ptr + (k - 1) * plane, g_t_ptr + (k - 1) * plane_t, M, M16, M_PAD, N, K, W_MAX,
                                  slope, one, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES)
+                if FLAGS:
+                    _signal(rows_g + (k - 1) * rb + r, done_g + k - 1, True)
             elif t < weight_tiles:
+                if FLAGS:  # G_u whole; the update then waits for G_{u-1} (W_u's last reads)
+                    _wait(all_u, all_u_count, flag_ptr, SPIN)
                 _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, act_t_ptr + u * plane_t,
                              g_t_ptr + u * plane_t, p_ptr, grad_ptr, s1_ptr, s2_ptr, wu_off, bu_off,
-                             M, M16, M_PAD, Nu, Nu_load, Ku, Ku, W_MAX, step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK,
-                             COPIES, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
+                             M, M16, M_PAD, Nu, Nu_load, Ku, Ku, W_MAX, step, all_k, all_k_count, flag_ptr,
+                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, SPIN,
+                             ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
             else:
+                if FLAGS:  # G_0 whole; W_0's last reads were F_0's, so its update waits for nothing more
+                    _wait(all_k, all_k_count, flag_ptr, SPIN)
                 _weight_tile(t - weight_tiles, act_ptr, g_ptr, act_t_ptr, g_t_ptr,  # X's copy, from F_0
                              p_ptr, grad_ptr, s1_ptr, s2_ptr, w0_off, b0_off, M, M16, M_PAD, N0, N0, K0, F_PAD, W_MAX,
-                             step, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES,
+                             step, all_k, 0, flag_ptr, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, SPIN,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
         if k > 0:
-            _barrier(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING)
+            _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING, FLAGS)
     # Program 0 adds the batch's loss to the total and advances the step counts.
     _stamp(times_ptr, 4 * L - 3, TIMING)
     if pid == 0:
+        if FLAGS:  # the head's partial sums, and every program's read of the step count
+            _wait(done_g + L - 1, head_tiles, flag_ptr, SPIN)
+            _wait(sync_ptr, P, flag_ptr, SPIN)
         offs = tl.arange(0, PARTS)
         loss = tl.sum(tl.load(part_ptr + offs, mask=offs < tl.cdiv(M, HEAD_M), other=0.0, cache_modifier=".cg"), axis=0)
         tl.store(total_ptr, tl.load(total_ptr) + loss)
@@ -506,6 +607,11 @@ def _step_kernel(
         for s0 in range(0, n_steps, 1024):
             counts = s0 + tl.arange(0, 1024)
             tl.store(step_ptr + counts, step.to(tl.float32), mask=counts < n_steps)
+    if FLAGS:  # the last program to finish: every wait and signal of the launch is behind it
+        if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:
+            for c0 in range(0, 2 + 2 * L * rb + 2 * L, 1024):
+                offs = c0 + tl.arange(0, 1024)
+                tl.store(sync_ptr + offs, tl.zeros((1024,), tl.int64), mask=offs < 2 + 2 * L * rb + 2 * L)
 
 
 # --------------------------------------------------------------------- launching
@@ -525,6 +631,8 @@ class Blocks:
     head_k: int = 128  # the head's reduction step: its logits are a short, latency-bound loop
     per_sm: int = 1  # programs per SM, where the compiled kernel's registers and shared memory allow
     copies: int = 0  # backward operands from transposed copies: 1 W (_input_grad_tile), 2 A and G (_weight_tile)
+    flags: bool = False  # tiles wait for the tiles they read (counters), not for grid barriers
+    k_forward: int = 0  # the forward tiles' reduction step, where not k
 
     @property
     def chunk(self) -> int:
@@ -538,18 +646,30 @@ def blocks_for(
     """The largest tiles that still give a phase work for most of the 2 x `sms` programs:
     32 x 64 where a hidden layer has 3/4 as many tiles as programs (fewer bytes read per
     product), else 16 x 64 where it has half as many, else 16 x 32 (the study shape: 256
-    tiles of 16 x 64, where 32 x 64 left half the programs idle). At bf16 the backward
-    operands come from bf16 transposed copies (`copies`); at fp32 and TF32 the copies
-    were slower. Measured choices: docs/results-kernels.md."""
+    tiles of 16 x 64, where 32 x 64 left half the programs idle). Tiles wait for what they
+    read, not for grid barriers (`flags`), except with 32 x 64 tiles (not measured) and at
+    fp32 under 256 rows; the forward tiles reduce 64 at a time (`k_forward`) where that
+    was faster. At bf16 the backward operands come from bf16 transposed copies (`copies`);
+    at fp32 and TF32 the copies were slower. Measured choices: docs/results-kernels.md."""
     copies = BF16_COPIES if precision == "bf16" else 0
     if interpreter:
-        return Blocks(16, 16, 16, 16, 4, head_k=16, copies=copies)
+        return Blocks(16, 16, 16, 16, 4, head_k=16, copies=copies, flags=True)
     programs = 2 * sms  # Blocks.per_sm below; one per SM only where two do not fit
     if cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
         return Blocks(32, 64, 32, 16, 4, per_sm=2, copies=copies)
     if cdiv(rows, 16) * cdiv(width, 64) >= programs // 2:
-        return Blocks(16, 64, 32, 16, 4, per_sm=2, copies=copies)
-    return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies)
+        stages = 2 if precision == "fp32" else 3  # 3xTF32's products hold more registers
+        return Blocks(16, 64, 32, 16, 4, stages, per_sm=2, copies=copies, flags=True, k_forward=64)
+    flags = precision != "fp32" or rows >= 256
+    k_forward = 64 if precision == "bf16" or (precision == "tf32" and rows < 256) else 0
+    return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward)
+
+
+def sync_counters(layers: int, rows: int, block_m: int) -> int:
+    """The int64 counters a step with Blocks.flags keeps (see _step_kernel): programs
+    started and finished, rows of A and of G done per row block of `block_m`, and all of G
+    and F per layer."""
+    return 2 + 2 * layers * cdiv(rows, block_m) + 2 * layers
 
 
 def resident_per_sm(
@@ -648,6 +768,8 @@ class FusedStep:
         self.g_t = torch.zeros(columns, dtype=dtype, device=self.device)
         self.w_t = torch.zeros(self.L * self.w_max * self.w_max if blocks.copies & 1 else 1, dtype=dtype,
                                device=self.device)
+        self.sync = torch.zeros(sync_counters(self.L, self.rows, blocks.m), dtype=torch.int64, device=self.device)
+        self.barrier.zero_()  # counts arrivals by the grid's programs, which may change
 
     @staticmethod
     def usable(layers: list[torch.nn.Linear], rows: int) -> str | None:
@@ -676,13 +798,13 @@ class FusedStep:
         args = [
             self.x, self.y, index, flat, flat.grad, s1, s2, state["step"], state["step"].numel(), self.layout,
             self.act, self.z, self.g, self.act_t, self.g_t, self.w_t, self.part, total, self.loss, self.barrier,
-            self.flag, m, cdiv(m, 16) * 16, self.x.shape[1], self.f_pad, self.classes, self.rows, self.m_pad,
+            self.flag, self.sync, m, cdiv(m, 16) * 16, self.x.shape[1], self.f_pad, self.classes, self.rows, self.m_pad,
             self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
         ]
         kwargs = dict(
-            L=self.L, COPIES=b.copies, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
+            L=self.L, COPIES=b.copies, FLAGS=b.flags, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
             ALIGNED=self.aligned,
-            BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, CHUNK=b.chunk, HEAD_M=b.head_m, HEAD_K=b.head_k,
+            BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, FORWARD_K=b.k_forward or b.k, CHUNK=b.chunk, HEAD_M=b.head_m, HEAD_K=b.head_k,
             BLOCK_C=self.block_c, PARTS=self.parts, ALGORITHM=self.algorithm,
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
             **self.hyper,
@@ -711,9 +833,10 @@ class FusedStep:
         return self.programs
 
     def check(self) -> None:
-        """Raise if a barrier of any step so far gave up waiting (one host read)."""
+        """Raise if a barrier or counter wait of any step so far gave up (one host read)."""
         if int(self.flag.item()):
             raise RuntimeError(
-                f"FusedStep: a grid barrier timed out ({self.programs} programs on {self.device}); "
+                f"FusedStep: a wait between tiles timed out (grid barrier or counter; {self.programs} programs "
+                f"on {self.device}); "
                 "the step's results are wrong. Set LOADBENCH_FUSED_STEP=0 to train through the layer kernels"
             )
