@@ -9,6 +9,8 @@ Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps with C
 events, then replays a few with %globaltimer stamps at every grid barrier and prints,
 per phase, the slowest program's work and the wait at the barrier after it, the
 reading behind docs/results-kernels.md's per-phase table ("kernels/ops/mlp_step.py").
+With counter waits (`--sync flags`) phases overlap: a phase ends at each program's last
+tile of it, and the barrier column reads how far the next phase had already started.
 """
 
 from __future__ import annotations
