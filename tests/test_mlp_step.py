@@ -56,7 +56,8 @@ def rms(t):
     (40, 2, "tanh", "rmsprop", 24, 10),
     (16, 4, "sigmoid", "adagrad", 16, 10),
     (32, 2, "relu", "adam", 24, 20),         # G_{L-1} read 32 columns wide
-], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16", "adam-2x32-20-classes"])
+    (32, 3, "leaky_relu", "adam", 48, 10),   # whole tiles: the hidden products load unmasked
+], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16", "adam-2x32-20-classes", "adam-3x32-whole"])
 @pytest.mark.parametrize("copies", [0, 1, 2, 3], ids=["no-copies", "w-copy", "ag-copies", "all-copies"])
 def test_step_matches_float64_and_the_flat_optimizer(
     width, depth, activation, optimizer, batch, classes, copies,
@@ -65,6 +66,8 @@ def test_step_matches_float64_and_the_flat_optimizer(
     x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer, classes=classes)
     step = fused(x, y, ours, opt_ours, activation, batch)
     step.use_blocks(dataclasses.replace(step.blocks, copies=copies))
+    if mlp_step.INTERPRETER:  # its 16 x 16 x 16 tiles: the whole-tile cases do load unmasked
+        assert mlp_step.whole_tiles(batch, [width] * depth, step.blocks) == (batch % 16 == 0 and width % 16 == 0)
     for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):  # a read of anything unwritten shows
         scratch.fill_(float("nan"))
     index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:batch].to(DEVICE)
@@ -188,6 +191,37 @@ def test_flags_give_the_barriers_bits(width, depth, batch, block_m, copies, prec
         step.check()
         results.append((optim.flat.detach().clone(), optim.flat.grad.clone(), total.clone()))
     assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+
+
+@interpreter
+def test_a_short_batch_of_a_whole_tile_step_reads_no_row_past_it() -> None:
+    """A step built for whole tiles (48 rows) loads its hidden products unmasked, also for
+    an epoch's short last batch (45 rows): the rows past the batch it reads from scratch
+    (NaN here) reach no gradient, loss or parameter."""
+    x, y, (model, _), (optim, _), exact = problem(32, 3, "leaky_relu", "adam")
+    step = fused(x, y, model, optim, "leaky_relu", 48)
+    assert mlp_step.whole_tiles(48, [32] * 3, step.blocks)
+    for scratch in (step.act, step.z, step.g):
+        scratch.fill_(float("nan"))
+    index = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:45].to(DEVICE)
+    step(index, torch.zeros((), device=DEVICE))
+    step.check()
+    F.cross_entropy(exact(x[index].double()), y[index]).backward()
+    assert torch.isfinite(optim.flat).all() and torch.isfinite(step.loss)
+    for (_, start, stop), reference in zip(optim.spans(), exact.parameters()):
+        want = reference.grad.flatten()
+        assert rms(optim.flat.grad[start:stop].double() - want) <= 1e-4 * rms(want)
+
+
+def test_whole_tiles_need_every_dimension_whole() -> None:
+    """Unmasked loads only where the built batch fills the row blocks and every hidden width
+    fills the column blocks and both reduction steps."""
+    blocks = mlp_step.Blocks(16, 64, 32, 16, 4, k_forward=64)
+    assert mlp_step.whole_tiles(512, [512, 512, 512], blocks)
+    assert not mlp_step.whole_tiles(500, [512] * 3, blocks)  # 500 rows: 31.25 row blocks of 16
+    assert not mlp_step.whole_tiles(512, [512, 480], blocks)  # 480 columns: 7.5 blocks of 64
+    assert mlp_step.whole_tiles(64, [96], dataclasses.replace(blocks, n=32, k_forward=0))
+    assert not mlp_step.whole_tiles(64, [96], blocks)
 
 
 def test_a_timed_out_barrier_is_an_error_not_a_hang() -> None:

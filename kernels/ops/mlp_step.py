@@ -177,10 +177,13 @@ def _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER: tl.constexpr, a_ptr, W_MAX):
 
 
 @triton.jit
-def _load_a(rows, offs_k, offs_m, M, K, GATHER: tl.constexpr):
-    """The (rows, offs_k) tile of a layer input in fp32, zero outside (M, K)."""
+def _load_a(rows, offs_k, offs_m, M, K, GATHER: tl.constexpr, EVEN: tl.constexpr = False):
+    """The (rows, offs_k) tile of a layer input in fp32, zero outside (M, K); with EVEN
+    unmasked (the caller's rows and columns lie inside the scratch plane)."""
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
-    if GATHER:
+    if EVEN:
+        return tl.load(rows[:, None] + offs_k[None, :], cache_modifier=".cg")
+    elif GATHER:
         return tl.load(rows[:, None] + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     else:  # written by other programs this launch: read through L2, not a stale L1 line
         return tl.load(rows[:, None] + offs_k[None, :], mask=mask, other=0.0, cache_modifier=".cg")
@@ -199,14 +202,15 @@ def _store_t(t_ptr, tile, offs_m, offs_c, M, M16, M_PAD, C):
 def _forward_tile(
     t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, a_t_ptr, out_t_ptr, w_t_ptr, M, M16, M_PAD, N, K, F,
     F_PAD, W_MAX, slope, GATHER: tl.constexpr, SAVE_Z: tl.constexpr, ACTIVATION: tl.constexpr, DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COPIES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COPIES: tl.constexpr, EVEN: tl.constexpr,
 ):
     """Tile t of A_{i+1} = act(A_i @ W_i.T + b_i) (and Z_i for silu) into scratch. With
     GATHER, the tiles of column 0 also copy the batch's rows of X into a_ptr, zero-padded
     to F_PAD columns, so that dW_0 reads them aligned rather than gathers them again.
     With COPIES & 2 the tile also writes A_{i+1} transposed (out_t_ptr; X's copy to
     a_t_ptr), and with COPIES & 1 and no GATHER its share of W_i transposed (w_t_ptr),
-    for the backward tiles (see _input_grad_tile, _weight_tile)."""
+    for the backward tiles (see _input_grad_tile, _weight_tile). EVEN (not with GATHER):
+    the product's loads go unmasked (see _step_kernel)."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     row_block = t // tiles_n
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -215,7 +219,7 @@ def _forward_tile(
     rows = _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER, a_ptr, W_MAX)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER)
+        a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER, EVEN)
         if GATHER:
             if t % tiles_n == 0:
                 copy = (offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < F_PAD)
@@ -224,8 +228,11 @@ def _forward_tile(
                     tl.store(a_t_ptr + (k0 + offs_k)[None, :].to(tl.int64) * M_PAD + offs_m[:, None],
                              a.to(a_t_ptr.dtype.element_ty),
                              mask=(offs_m[:, None] < M16) & ((k0 + offs_k)[None, :] < F_PAD))
-        w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
-                    mask=(offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K), other=0.0)
+        if EVEN:
+            w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None])
+        else:
+            w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
+                        mask=(offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K), other=0.0)
         acc = _dot(a, w, acc, DOT)
     z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -304,11 +311,12 @@ def _head_tile(
 def _input_grad_tile(
     t, g_ptr, saved_ptr, w_ptr, w_t_ptr, g_prev_ptr, g_prev_t_ptr, M, M16, M_PAD, N, K, W_MAX, slope, one,
     ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    COPIES: tl.constexpr,
+    COPIES: tl.constexpr, EVEN: tl.constexpr,
 ):
     """Tile t of G_{i-1} = (G_i @ W_i) * act'(.): (M, K) out, reduced over W_i's N rows.
     With COPIES & 1, W_i comes from its transposed copy (N contiguous, so the MMA's operand
-    loads whole from shared memory); with COPIES & 2, G_{i-1} also goes out transposed."""
+    loads whole from shared memory); with COPIES & 2, G_{i-1} also goes out transposed.
+    EVEN: the product's loads go unmasked (see _step_kernel)."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_m = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -316,11 +324,16 @@ def _input_grad_tile(
     rows = g_ptr + offs_m.to(tl.int64) * W_MAX
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for n0 in range(0, N, BLOCK_K):
-        g = _load_a(rows, n0 + offs_r, offs_m, M, N, False)
+        g = _load_a(rows, n0 + offs_r, offs_m, M, N, False, EVEN)
         w_mask = ((n0 + offs_r)[:, None] < N) & (offs_k[None, :] < K)
         if COPIES & 1:
-            w = tl.load(w_t_ptr + offs_k[None, :].to(tl.int64) * W_MAX + (n0 + offs_r)[:, None], mask=w_mask,
-                        other=0.0, cache_modifier=".cg")
+            w_t = w_t_ptr + offs_k[None, :].to(tl.int64) * W_MAX + (n0 + offs_r)[:, None]
+            if EVEN:
+                w = tl.load(w_t, cache_modifier=".cg")
+            else:
+                w = tl.load(w_t, mask=w_mask, other=0.0, cache_modifier=".cg")
+        elif EVEN:
+            w = tl.load(w_ptr + (n0 + offs_r)[:, None] * K + offs_k[None, :])
         else:
             w = tl.load(w_ptr + (n0 + offs_r)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
         acc = _dot(g, w, acc, DOT)
@@ -450,7 +463,7 @@ def _step_kernel(
     act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr, sync_ptr,
     M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one,
     L: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
-    DOT: tl.constexpr, ALIGNED: tl.constexpr,
+    DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORWARD_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
@@ -465,7 +478,10 @@ def _step_kernel(
     (silu), g[j] G_j. COPIES (bits): 2, act_t and g_t hold A_j and G_j transposed (planes
     of W_MAX columns M_PAD apart); 1, w_t[i] holds W_i transposed (rows W_MAX apart).
     FLAGS: no grid barriers; a tile waits for counters of the tiles it reads (sync_ptr,
-    int64, `sync_counters`), which the last program to finish zeroes for the next launch."""
+    int64, `sync_counters`), which the last program to finish zeroes for the next launch.
+    EVEN: M_MAX and the hidden widths are whole tiles and reduction steps (`whole_tiles`): the
+    hidden products load unmasked. A shorter batch's rows past M then read scratch rows
+    below M_MAX, which feed only output rows past M, never stored."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
@@ -492,7 +508,7 @@ def _step_kernel(
     for t in range(pid, R * tl.cdiv(N, BLOCK_N), P):
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
                       act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
-                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES)
+                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False)
         if FLAGS:
             _signal(rows_a + t // tl.cdiv(N, BLOCK_N), rows_a, False)
     _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING, FLAGS)
@@ -504,7 +520,7 @@ def _step_kernel(
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
                           act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, act_t_ptr + i * plane_t,
                           act_t_ptr + (i + 1) * plane_t, w_t_ptr + i * plane_w, M, M16, M_PAD, N, K, F, F_PAD,
-                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES)
+                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, EVEN)
             if FLAGS:
                 _signal(rows_a + i * rb + t // tl.cdiv(N, BLOCK_N), done_f + i, COPIES & 1)
         _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING, FLAGS)
@@ -572,7 +588,7 @@ def _step_kernel(
                         _wait(done_f + k, R * tl.cdiv(N, BLOCK_N), flag_ptr, SPIN)
                 _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off, w_t_ptr + k * plane_w,
                                  g_ptr + (k - 1) * plane, g_t_ptr + (k - 1) * plane_t, M, M16, M_PAD, N, K, W_MAX,
-                                 slope, one, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES)
+                                 slope, one, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES, EVEN)
                 if FLAGS:
                     _signal(rows_g + (k - 1) * rb + r, done_g + k - 1, True)
             elif t < weight_tiles:
@@ -665,6 +681,15 @@ def blocks_for(
     return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward)
 
 
+def whole_tiles(rows: int, hidden: list[int], blocks: Blocks) -> bool:
+    """Whether batches of up to `rows` (the step's built batch) and these hidden widths are
+    whole tiles and reduction steps of `blocks` (rows in BLOCK_M, widths in every column
+    block and reduction step), so that the hidden layers' forward and input-gradient
+    products load unmasked: one build for an epoch's full and short batches alike."""
+    return rows % blocks.m == 0 and all(
+        w % max(blocks.n, blocks.k, blocks.k_forward) == 0 for w in hidden)
+
+
 def sync_counters(layers: int, rows: int, block_m: int) -> int:
     """The int64 counters a step with Blocks.flags keeps (see _step_kernel): programs
     started and finished, rows of A and of G done per row block of `block_m`, and all of G
@@ -751,6 +776,7 @@ class FusedStep:
         # Set `timing` for each program's %globaltimer at its start, at each barrier's
         # arrival and departure and at its end: `times` (programs, 32) int64 ns.
         self.timing = False
+        self.unmasked = True  # False: every load masked, as before whole_tiles (for measurement)
         self.times = torch.zeros(self.programs, 32, dtype=torch.int64, device=self.device)
         self.grid: int | None = None  # programs per launch, settled at the first
         self.precision = precision
@@ -803,7 +829,7 @@ class FusedStep:
         ]
         kwargs = dict(
             L=self.L, COPIES=b.copies, FLAGS=b.flags, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
-            ALIGNED=self.aligned,
+            ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, FORWARD_K=b.k_forward or b.k, CHUNK=b.chunk, HEAD_M=b.head_m, HEAD_K=b.head_k,
             BLOCK_C=self.block_c, PARTS=self.parts, ALGORITHM=self.algorithm,
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
