@@ -374,11 +374,35 @@ def _update(
 
 
 @triton.jit
+def _weight_operands(
+    g_ptr, a_ptr, g_t_ptr, a_t_ptr, offs_b, offs_n, offs_k, rows, N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES: tl.constexpr,
+    BATCH_MASK: tl.constexpr,
+):
+    """G_i.T's (offs_n, offs_b) and A_i's (offs_b, offs_k) tiles for dW_i, from the
+    transposed copies with COPIES & 2; zero past N_LOAD and K_LOAD, and with BATCH_MASK
+    past `rows` of the batch."""
+    if COPIES & 2:
+        g_at = g_t_ptr + offs_n[:, None].to(tl.int64) * M_PAD + offs_b[None, :]
+        a_at = a_t_ptr + offs_k[None, :].to(tl.int64) * M_PAD + offs_b[:, None]
+    else:
+        g_at = g_ptr + offs_b[None, :].to(tl.int64) * W_MAX + offs_n[:, None]
+        a_at = a_ptr + offs_b[:, None].to(tl.int64) * W_MAX + offs_k[None, :]
+    g_mask = offs_n[:, None] < N_LOAD
+    a_mask = offs_k[None, :] < K_LOAD
+    if BATCH_MASK:
+        g_mask = g_mask & (offs_b[None, :] < rows)
+        a_mask = a_mask & (offs_b[:, None] < rows)
+    gt = tl.load(g_at, mask=g_mask, other=0.0, cache_modifier=".cg")
+    a = tl.load(a_at, mask=a_mask, other=0.0, cache_modifier=".cg")
+    return gt, a
+
+
+@triton.jit
 def _weight_tile(
     t, a_ptr, g_ptr, a_t_ptr, g_t_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, M16, M_PAD, N, N_LOAD, K,
     K_LOAD, W_MAX, step, ready_ptr, ready, flag_ptr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr,
-    SPIN: tl.constexpr,
+    BATCH_TAIL: tl.constexpr, SPIN: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
@@ -398,17 +422,24 @@ def _weight_tile(
     # db summed as a tile and reduced after the loop: a reduction carried through the
     # loop fails Triton 3.6's thread-locality pass.
     gsum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for m0 in range(0, M, BLOCK_K):
-        offs_b = m0 + offs_r
-        if COPIES & 2:
-            gt = tl.load(g_t_ptr + offs_n[:, None].to(tl.int64) * M_PAD + offs_b[None, :],
-                         mask=(offs_b[None, :] < M16) & (offs_n[:, None] < N_LOAD), other=0.0, cache_modifier=".cg")
-            a = tl.load(a_t_ptr + offs_k[None, :].to(tl.int64) * M_PAD + offs_b[:, None],
-                        mask=(offs_b[:, None] < M16) & (offs_k[None, :] < K_LOAD), other=0.0, cache_modifier=".cg")
-        else:
-            gt = tl.load(g_ptr + offs_b[None, :].to(tl.int64) * W_MAX + offs_n[:, None],
-                         mask=(offs_b[None, :] < M) & (offs_n[:, None] < N_LOAD), other=0.0, cache_modifier=".cg")
-            a = _load_a(a_ptr + offs_b.to(tl.int64) * W_MAX, offs_k, offs_b, M, K_LOAD, False)
+    # The batch's whole BLOCK_K steps mask only their columns (the same mask every step);
+    # a short batch's last, partial step is masked, after the loop (BATCH_TAIL).
+    if COPIES & 2:
+        batch_rows = M16  # the copies are zero from M to M16
+    else:
+        batch_rows = M
+    if BATCH_TAIL:
+        whole = M // BLOCK_K * BLOCK_K
+    else:
+        whole = 0
+    for m0 in range(0, whole, BLOCK_K):
+        gt, a = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows, N_LOAD, K_LOAD,
+                                 M_PAD, W_MAX, COPIES, False)
+        acc = _dot(gt, a, acc, DOT)
+        gsum += gt
+    for m0 in tl.range(whole, M, BLOCK_K, num_stages=1 if BATCH_TAIL else None):
+        gt, a = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows, N_LOAD, K_LOAD,
+                                 M_PAD, W_MAX, COPIES, True)
         acc = _dot(gt, a, acc, DOT)
         gsum += gt
     db = tl.sum(gsum, axis=1)
@@ -463,7 +494,7 @@ def _step_kernel(
     act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr, sync_ptr,
     M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one,
     L: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
-    DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr,
+    DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr, BATCH_TAIL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORWARD_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
@@ -480,7 +511,8 @@ def _step_kernel(
     FLAGS: no grid barriers; a tile waits for counters of the tiles it reads (sync_ptr,
     int64, `sync_counters`), which the last program to finish zeroes for the next launch.
     EVEN: M_MAX and the hidden widths are whole tiles and reduction steps (`whole_tiles`): the
-    hidden products load unmasked. A shorter batch's rows past M then read scratch rows
+    hidden products load unmasked. BATCH_TAIL: the weight tiles mask the batch only in a
+    short batch's last, partial reduction step. A shorter batch's rows past M then read scratch rows
     below M_MAX, which feed only output rows past M, never stored."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
@@ -597,7 +629,7 @@ def _step_kernel(
                 _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, act_t_ptr + u * plane_t,
                              g_t_ptr + u * plane_t, p_ptr, grad_ptr, s1_ptr, s2_ptr, wu_off, bu_off,
                              M, M16, M_PAD, Nu, Nu_load, Ku, Ku, W_MAX, step, all_k, all_k_count, flag_ptr,
-                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, SPIN,
+                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SPIN,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
             else:
@@ -605,7 +637,7 @@ def _step_kernel(
                     _wait(all_k, all_k_count, flag_ptr, SPIN)
                 _weight_tile(t - weight_tiles, act_ptr, g_ptr, act_t_ptr, g_t_ptr,  # X's copy, from F_0
                              p_ptr, grad_ptr, s1_ptr, s2_ptr, w0_off, b0_off, M, M16, M_PAD, N0, N0, K0, F_PAD, W_MAX,
-                             step, all_k, 0, flag_ptr, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, SPIN,
+                             step, all_k, 0, flag_ptr, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SPIN,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
         if k > 0:
@@ -776,7 +808,7 @@ class FusedStep:
         # Set `timing` for each program's %globaltimer at its start, at each barrier's
         # arrival and departure and at its end: `times` (programs, 32) int64 ns.
         self.timing = False
-        self.unmasked = True  # False: every load masked, as before whole_tiles (for measurement)
+        self.unmasked = True  # False: every load masked, as before whole_tiles and BATCH_TAIL (for measurement)
         self.times = torch.zeros(self.programs, 32, dtype=torch.int64, device=self.device)
         self.grid: int | None = None  # programs per launch, settled at the first
         self.precision = precision
@@ -830,6 +862,7 @@ class FusedStep:
         kwargs = dict(
             L=self.L, COPIES=b.copies, FLAGS=b.flags, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
             ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
+            BATCH_TAIL=self.unmasked,
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, FORWARD_K=b.k_forward or b.k, CHUNK=b.chunk, HEAD_M=b.head_m, HEAD_K=b.head_k,
             BLOCK_C=self.block_c, PARTS=self.parts, ALGORITHM=self.algorithm,
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
