@@ -58,14 +58,18 @@ def rms(t):
     (32, 2, "relu", "adam", 24, 20),         # G_{L-1} read 32 columns wide
     (32, 3, "leaky_relu", "adam", 48, 10),   # whole tiles: the hidden products load unmasked
 ], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16", "adam-2x32-20-classes", "adam-3x32-whole"])
-@pytest.mark.parametrize("copies", [0, 1, 2, 3], ids=["no-copies", "w-copy", "ag-copies", "all-copies"])
+@pytest.mark.parametrize(("copies", "swap"), [(0, 3), (1, 3), (2, 3), (3, 3), (0, 0), (3, 0), (3, 7), (0, 4)],
+                         ids=["no-copies", "w-copy", "ag-copies", "all-copies", "no-copies-unswapped",
+                              "all-copies-unswapped", "all-copies-all-swapped", "no-copies-weights-swapped"])
 def test_step_matches_float64_and_the_flat_optimizer(
-    width, depth, activation, optimizer, batch, classes, copies,
+    width, depth, activation, optimizer, batch, classes, copies, swap,
 ) -> None:
-    """Each choice of transposed copies for the backward operands (Blocks.copies)."""
+    """Each choice of transposed copies for the backward operands (Blocks.copies), with
+    the hidden products run transposed (Blocks.swap, bits per kind of tile: the chosen
+    forward and input-gradient tiles, all, the weight tiles alone) and none."""
     x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer, classes=classes)
     step = fused(x, y, ours, opt_ours, activation, batch)
-    step.use_blocks(dataclasses.replace(step.blocks, copies=copies))
+    step.use_blocks(dataclasses.replace(step.blocks, copies=copies, swap=swap))
     if mlp_step.INTERPRETER:  # its 16 x 16 x 16 tiles: the whole-tile cases do load unmasked
         assert mlp_step.whole_tiles(batch, [width] * depth, step.blocks) == (batch % 16 == 0 and width % 16 == 0)
     for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):  # a read of anything unwritten shows
@@ -290,6 +294,11 @@ def test_tiles_leave_few_programs_idle() -> None:
     assert shape(64, 512) == (16, 32)
     assert shape(512, 512, sms=64) == (32, 64)
     assert mlp_step.blocks_for(512, 512, 132, interpreter=True).m == 16
+    # TF32's swapped 16 x 64 tiles beat 16 x 32 with 3/8 as many tiles as programs.
+    for rows, width in ((256, 512), (512, 256)):
+        assert (mlp_step.blocks_for(rows, width, 132, "tf32", interpreter=False).n,
+                mlp_step.blocks_for(rows, width, 132, "bf16", interpreter=False).n) == (64, 32)
+    assert mlp_step.blocks_for(128, 512, 132, "tf32", interpreter=False).n == 32
 
 
 def test_flags_where_they_were_measured_faster() -> None:
@@ -306,19 +315,31 @@ def test_flags_where_they_were_measured_faster() -> None:
         assert mlp_step.blocks_for(512, 512, 132, precision, interpreter=True).flags
     assert choice(64, 512, "fp32") == choice(128, 512, "fp32") == (False, 0)
     assert choice(256, 512, "fp32") == choice(512, 256, "fp32") == (True, 0)
-    assert choice(64, 512, "tf32") == (True, 64) and choice(256, 512, "tf32") == (True, 0)
+    assert choice(64, 512, "tf32") == (True, 64) and choice(512, 128, "tf32") == (True, 0)
     assert choice(64, 512, "bf16") == choice(512, 256, "bf16") == (True, 64)
 
 
-def test_only_bf16_takes_the_transposed_copies() -> None:
-    """Measured: at bf16 the backward phases read bf16 copies faster; at fp32 and TF32
-    the fp32 copies made the step slower (docs/results-kernels.md)."""
-    for interpreter in (False, True):
-        def copies(precision):
-            return mlp_step.blocks_for(512, 512, 132, precision, interpreter=interpreter).copies
+def test_transposed_products_and_copies_where_they_were_measured_faster() -> None:
+    """Measured (docs/results-kernels.md): at TF32 64-column tiles run the forward and
+    input-gradient products transposed (wgmma), the latter reading W^T from its copy;
+    bf16 swaps at any tile and keeps its three bf16 copies; fp32 and the 16 x 32 tiles of
+    fp32 and TF32 keep neither (slower or even). No choice swaps the weight tiles (their
+    bits varied run to run with the copies). The interpreter runs the chosen swap with each
+    precision's copies, so CI runs the GPU's code."""
+    def chosen(rows, width, precision, interpreter=False):
+        blocks = mlp_step.blocks_for(rows, width, 132, precision, interpreter=interpreter)
+        return blocks.swap, blocks.copies
 
-        assert copies("bf16") == mlp_step.BF16_COPIES != 0
-        assert copies("fp32") == copies("tf32") == 0
+    swapped = mlp_step.SWAP_CHOSEN
+    assert swapped == 3  # forward (1) and input-gradient (2) tiles; never the weight tiles (4)
+    assert chosen(512, 512, "tf32") == chosen(256, 512, "tf32") == (swapped, mlp_step.W_COPY)
+    assert chosen(512, 512, "bf16") == chosen(64, 512, "bf16") == (swapped, mlp_step.ALL_COPIES)
+    assert chosen(512, 512, "fp32") == (0, 0)
+    for precision in ("fp32", "tf32"):
+        assert chosen(64, 512, precision) == chosen(512, 128, precision) == chosen(1024, 512, precision) == (0, 0)
+    for precision in ("fp32", "tf32", "bf16"):
+        copies = mlp_step.ALL_COPIES if precision == "bf16" else 0
+        assert chosen(512, 512, precision, interpreter=True) == (swapped, copies)
 
 
 @pytest.fixture(scope="module")
@@ -438,6 +459,10 @@ def test_the_phase_tool_takes_a_tile_shape_and_refuses_a_bad_one(capsys) -> None
         main(["--sync", "barrier"])
     assert stop.value.code == 2
     assert "argument --sync: invalid choice: 'barrier'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["--swap", "8"])
+    assert stop.value.code == 2
+    assert "argument --swap: invalid choice: 8" in capsys.readouterr().err
 
 
 def test_the_phase_tool_refuses_without_a_gpu(capsys) -> None:

@@ -5,7 +5,8 @@ tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per layer its input-gradi
 tiles beside the next layer's weight-gradient tiles, the optimizer in their epilogue;
 last dW_1 and dW_0. Between phases either a grid barrier, or (Blocks.flags) each tile
 waits on counters for the tiles it reads, and a weight's update for its last readers.
-At bf16 the backward tiles read bf16 transposed copies of W, A and G. Each dW tile is
+At bf16 the backward tiles read bf16 transposed copies of W, A and G; with 64-column
+tiles the forward and input-gradient products run transposed (Hopper's wgmma). Each dW tile is
 reduced by one program in order: a step is deterministic and its bits do not depend
 on P. Parameters, gradients and state are a FlatOptimizer's, so either route continues
 the other's run. Under the interpreter P = 1 and every wait passes at once, so CPU tests
@@ -55,7 +56,11 @@ HYPERPARAMETERS = ("LR", "WEIGHT_DECAY", "EPS", "BETA1", "BETA2", "LOG2_BETA1", 
 AUTO_MAX_DEPTH = 5
 AUTO_MAX_WIDTH = 512
 AUTO_MIN_ROWS = 64
-BF16_COPIES = 3  # Blocks.copies at bf16: W, A and G transposed, in bf16
+ALL_COPIES = 3  # Blocks.copies: W, A and G transposed (in bf16 at bf16)
+W_COPY = 1  # Blocks.copies: W transposed alone
+# Blocks.swap: the forward and input-gradient tiles' products transposed. The weight tiles'
+# (4) gave different bits run to run with the A and G copies (docs/results-kernels.md).
+SWAP_CHOSEN = 3
 
 
 def switch_from_env(value: str | None) -> str:
@@ -96,6 +101,35 @@ def _dot(a, b, acc, DOT: tl.constexpr):
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     else:
         return tl.dot(a, b, acc, input_precision=DOT)
+
+
+@triton.jit
+def _zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """A tile's fp32 accumulator: (BLOCK_M, BLOCK_N), or with SWAP its transpose."""
+    if SWAP:
+        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _mma(a, b, acc, DOT: tl.constexpr, SWAP: tl.constexpr):
+    """acc + a @ b as _dot does; with SWAP, acc holds the transpose and gets b.T @ a.T:
+    the MMA's M is then b's columns, so a 64-column tile of 16 rows takes Hopper's
+    warpgroup MMA (wgmma needs M = 64 for four warps) rather than mma.sync."""
+    if SWAP:
+        return _dot(tl.trans(b), tl.trans(a), acc, DOT)
+    else:
+        return _dot(a, b, acc, DOT)
+
+
+@triton.jit
+def _unswap(acc, SWAP: tl.constexpr):
+    """The (rows, columns) tile from an accumulator _mma filled."""
+    if SWAP:
+        return tl.trans(acc)
+    else:
+        return acc
 
 
 @triton.jit
@@ -203,6 +237,7 @@ def _forward_tile(
     t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, a_t_ptr, out_t_ptr, w_t_ptr, M, M16, M_PAD, N, K, F,
     F_PAD, W_MAX, slope, GATHER: tl.constexpr, SAVE_Z: tl.constexpr, ACTIVATION: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COPIES: tl.constexpr, EVEN: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     """Tile t of A_{i+1} = act(A_i @ W_i.T + b_i) (and Z_i for silu) into scratch. With
     GATHER, the tiles of column 0 also copy the batch's rows of X into a_ptr, zero-padded
@@ -210,14 +245,14 @@ def _forward_tile(
     With COPIES & 2 the tile also writes A_{i+1} transposed (out_t_ptr; X's copy to
     a_t_ptr), and with COPIES & 1 and no GATHER its share of W_i transposed (w_t_ptr),
     for the backward tiles (see _input_grad_tile, _weight_tile). EVEN (not with GATHER):
-    the product's loads go unmasked (see _step_kernel)."""
+    the product's loads go unmasked (see _step_kernel). SWAP: see _mma."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     row_block = t // tiles_n
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rows = _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER, a_ptr, W_MAX)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
     for k0 in range(0, K, BLOCK_K):
         a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER, EVEN)
         if GATHER:
@@ -233,8 +268,8 @@ def _forward_tile(
         else:
             w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
                         mask=(offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K), other=0.0)
-        acc = _dot(a, w, acc, DOT)
-    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        acc = _mma(a, w, acc, DOT, SWAP)
+    z = _unswap(acc, SWAP) + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out = offs_m[:, None].to(tl.int64) * W_MAX + offs_n[None, :]
     a_next = activation(z, ACTIVATION, slope)
@@ -311,18 +346,18 @@ def _head_tile(
 def _input_grad_tile(
     t, g_ptr, saved_ptr, w_ptr, w_t_ptr, g_prev_ptr, g_prev_t_ptr, M, M16, M_PAD, N, K, W_MAX, slope, one,
     ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    COPIES: tl.constexpr, EVEN: tl.constexpr,
+    COPIES: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr,
 ):
     """Tile t of G_{i-1} = (G_i @ W_i) * act'(.): (M, K) out, reduced over W_i's N rows.
     With COPIES & 1, W_i comes from its transposed copy (N contiguous, so the MMA's operand
     loads whole from shared memory); with COPIES & 2, G_{i-1} also goes out transposed.
-    EVEN: the product's loads go unmasked (see _step_kernel)."""
+    EVEN: the product's loads go unmasked (see _step_kernel). SWAP: see _mma."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_m = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_K)
     rows = g_ptr + offs_m.to(tl.int64) * W_MAX
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
     for n0 in range(0, N, BLOCK_K):
         g = _load_a(rows, n0 + offs_r, offs_m, M, N, False, EVEN)
         w_mask = ((n0 + offs_r)[:, None] < N) & (offs_k[None, :] < K)
@@ -336,11 +371,11 @@ def _input_grad_tile(
             w = tl.load(w_ptr + (n0 + offs_r)[:, None] * K + offs_k[None, :])
         else:
             w = tl.load(w_ptr + (n0 + offs_r)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
-        acc = _dot(g, w, acc, DOT)
+        acc = _mma(g, w, acc, DOT, SWAP)
     out = offs_m[:, None].to(tl.int64) * W_MAX + offs_k[None, :]
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     saved = tl.load(saved_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
-    g_prev = activation_grad(acc, saved, ACTIVATION, slope, one)
+    g_prev = activation_grad(_unswap(acc, SWAP), saved, ACTIVATION, slope, one)
     tl.store(g_prev_ptr + out, g_prev, mask=mask)
     if COPIES & 2:
         _store_t(g_prev_t_ptr, g_prev, offs_m, offs_k, M, M16, M_PAD, K)
@@ -402,7 +437,7 @@ def _weight_tile(
     t, a_ptr, g_ptr, a_t_ptr, g_t_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, M16, M_PAD, N, N_LOAD, K,
     K_LOAD, W_MAX, step, ready_ptr, ready, flag_ptr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr,
-    BATCH_TAIL: tl.constexpr, SPIN: tl.constexpr,
+    BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr, SPIN: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
@@ -413,12 +448,14 @@ def _weight_tile(
     A_i's up to K_LOAD >= K (X's copy's zero padding), which keeps the loads aligned. With
     COPIES & 2 both come from their transposed copies, the batch contiguous, read up to M16
     (zeros past M): the MMA's operands then load whole from shared memory. With FLAGS the
-    update waits for the counter at ready_ptr to reach `ready`: the old weights' last reads."""
+    update waits for the counter at ready_ptr to reach `ready`: the old weights' last reads.
+    SWAP: see _mma; with COPIES & 2 its bits varied run to run (H200, Triton 3.6), so no
+    choice of blocks_for sets it here."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_n = _first_row(t, tiles_k, BLOCK_M) + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
     # db summed as a tile and reduced after the loop: a reduction carried through the
     # loop fails Triton 3.6's thread-locality pass.
     gsum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
@@ -435,18 +472,18 @@ def _weight_tile(
     for m0 in range(0, whole, BLOCK_K):
         gt, a = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows, N_LOAD, K_LOAD,
                                  M_PAD, W_MAX, COPIES, False)
-        acc = _dot(gt, a, acc, DOT)
+        acc = _mma(gt, a, acc, DOT, SWAP)
         gsum += gt
     for m0 in tl.range(whole, M, BLOCK_K, num_stages=1 if BATCH_TAIL else None):
         gt, a = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows, N_LOAD, K_LOAD,
                                  M_PAD, W_MAX, COPIES, True)
-        acc = _dot(gt, a, acc, DOT)
+        acc = _mma(gt, a, acc, DOT, SWAP)
         gsum += gt
     db = tl.sum(gsum, axis=1)
     # The gradient goes out first and the optimizer then walks the tile CHUNK elements at a
     # time: a loop, where updating the tile in registers unrolled into thousands of
     # instructions, each step fetched anew into a cold instruction cache.
-    tl.store(grad_ptr + w_off + offs_n[:, None] * K + offs_k[None, :], acc,
+    tl.store(grad_ptr + w_off + offs_n[:, None] * K + offs_k[None, :], _unswap(acc, SWAP),
              mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
     tl.debug_barrier()  # the tile's stores, by all its threads, before any thread reads them back
     if FLAGS:
@@ -494,7 +531,7 @@ def _step_kernel(
     act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr, sync_ptr,
     M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one,
     L: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
-    DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr, BATCH_TAIL: tl.constexpr,
+    DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr, BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORWARD_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
@@ -513,7 +550,8 @@ def _step_kernel(
     EVEN: M_MAX and the hidden widths are whole tiles and reduction steps (`whole_tiles`): the
     hidden products load unmasked. BATCH_TAIL: the weight tiles mask the batch only in a
     short batch's last, partial reduction step. A shorter batch's rows past M then read scratch rows
-    below M_MAX, which feed only output rows past M, never stored."""
+    below M_MAX, which feed only output rows past M, never stored. SWAP (bits): 1 the forward
+    tiles', 2 the input-gradient tiles', 4 the weight tiles' products run transposed (_mma)."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
@@ -540,7 +578,7 @@ def _step_kernel(
     for t in range(pid, R * tl.cdiv(N, BLOCK_N), P):
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
                       act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
-                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False)
+                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False, SWAP & 1)
         if FLAGS:
             _signal(rows_a + t // tl.cdiv(N, BLOCK_N), rows_a, False)
     _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING, FLAGS)
@@ -552,7 +590,8 @@ def _step_kernel(
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
                           act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, act_t_ptr + i * plane_t,
                           act_t_ptr + (i + 1) * plane_t, w_t_ptr + i * plane_w, M, M16, M_PAD, N, K, F, F_PAD,
-                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, EVEN)
+                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, EVEN,
+                          SWAP & 1)
             if FLAGS:
                 _signal(rows_a + i * rb + t // tl.cdiv(N, BLOCK_N), done_f + i, COPIES & 1)
         _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING, FLAGS)
@@ -620,7 +659,7 @@ def _step_kernel(
                         _wait(done_f + k, R * tl.cdiv(N, BLOCK_N), flag_ptr, SPIN)
                 _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off, w_t_ptr + k * plane_w,
                                  g_ptr + (k - 1) * plane, g_t_ptr + (k - 1) * plane_t, M, M16, M_PAD, N, K, W_MAX,
-                                 slope, one, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES, EVEN)
+                                 slope, one, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES, EVEN, SWAP & 2)
                 if FLAGS:
                     _signal(rows_g + (k - 1) * rb + r, done_g + k - 1, True)
             elif t < weight_tiles:
@@ -629,7 +668,7 @@ def _step_kernel(
                 _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, act_t_ptr + u * plane_t,
                              g_t_ptr + u * plane_t, p_ptr, grad_ptr, s1_ptr, s2_ptr, wu_off, bu_off,
                              M, M16, M_PAD, Nu, Nu_load, Ku, Ku, W_MAX, step, all_k, all_k_count, flag_ptr,
-                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SPIN,
+                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SWAP & 4, SPIN,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
             else:
@@ -637,7 +676,8 @@ def _step_kernel(
                     _wait(all_k, all_k_count, flag_ptr, SPIN)
                 _weight_tile(t - weight_tiles, act_ptr, g_ptr, act_t_ptr, g_t_ptr,  # X's copy, from F_0
                              p_ptr, grad_ptr, s1_ptr, s2_ptr, w0_off, b0_off, M, M16, M_PAD, N0, N0, K0, F_PAD, W_MAX,
-                             step, all_k, 0, flag_ptr, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SPIN,
+                             step, all_k, 0, flag_ptr, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL,
+                             SWAP & 4, SPIN,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
         if k > 0:
@@ -681,6 +721,7 @@ class Blocks:
     copies: int = 0  # backward operands from transposed copies: 1 W (_input_grad_tile), 2 A and G (_weight_tile)
     flags: bool = False  # tiles wait for the tiles they read (counters), not for grid barriers
     k_forward: int = 0  # the forward tiles' reduction step, where not k
+    swap: int = 0  # bits: the forward (1), input-gradient (2), weight (4) tiles' products run transposed (_mma)
 
     @property
     def chunk(self) -> int:
@@ -693,24 +734,31 @@ def blocks_for(
 ) -> Blocks:
     """The largest tiles that still give a phase work for most of the 2 x `sms` programs:
     32 x 64 where a hidden layer has 3/4 as many tiles as programs (fewer bytes read per
-    product), else 16 x 64 where it has half as many, else 16 x 32 (the study shape: 256
-    tiles of 16 x 64, where 32 x 64 left half the programs idle). Tiles wait for what they
-    read, not for grid barriers (`flags`), except with 32 x 64 tiles (not measured) and at
-    fp32 under 256 rows; the forward tiles reduce 64 at a time (`k_forward`) where that
-    was faster. At bf16 the backward operands come from bf16 transposed copies (`copies`);
-    at fp32 and TF32 the copies were slower. Measured choices: docs/results-kernels.md."""
-    copies = BF16_COPIES if precision == "bf16" else 0
-    if interpreter:
-        return Blocks(16, 16, 16, 16, 4, head_k=16, copies=copies, flags=True)
+    product), else 16 x 64 where it has half as many (at TF32 3/8 as many), else 16 x 32
+    (the study shape: 256 tiles of 16 x 64, where 32 x 64 left half the programs idle).
+    At TF32 and bf16 the forward and input-gradient tiles run their products transposed
+    (`swap`: Hopper's wgmma) with 64-column tiles, bf16 at any tile, and read W^T from a
+    transposed copy (`copies`); bf16 also reads A and G from bf16 copies. Tiles wait for
+    what they read, not for grid barriers (`flags`), except with 32 x 64 tiles (not
+    measured) and at fp32 under 256 rows; the forward tiles reduce 64 at a time
+    (`k_forward`) where that was faster. Measured choices: docs/results-kernels.md."""
+    bf16, tf32 = precision == "bf16", precision == "tf32"
+    copies = ALL_COPIES if bf16 else 0
+    if interpreter:  # the swapped products too, so that CI runs the GPU's choice
+        return Blocks(16, 16, 16, 16, 4, head_k=16, copies=copies, flags=True, swap=SWAP_CHOSEN)
     programs = 2 * sms  # Blocks.per_sm below; one per SM only where two do not fit
     if cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
         return Blocks(32, 64, 32, 16, 4, per_sm=2, copies=copies)
-    if cdiv(rows, 16) * cdiv(width, 64) >= programs // 2:
-        stages = 2 if precision == "fp32" else 3  # 3xTF32's products hold more registers
-        return Blocks(16, 64, 32, 16, 4, stages, per_sm=2, copies=copies, flags=True, k_forward=64)
+    tiles = cdiv(rows, 16) * cdiv(width, 64)
+    if tiles >= programs // 2 or (tf32 and tiles >= programs * 3 // 8):
+        if precision == "fp32":  # 3xTF32's split operands gained 2% swapped, all swapped only
+            return Blocks(16, 64, 32, 16, 4, 2, per_sm=2, flags=True, k_forward=64)
+        return Blocks(16, 64, 32, 16, 4, per_sm=2, copies=copies if bf16 else W_COPY, flags=True, k_forward=64,
+                      swap=SWAP_CHOSEN)
     flags = precision != "fp32" or rows >= 256
-    k_forward = 64 if precision == "bf16" or (precision == "tf32" and rows < 256) else 0
-    return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward)
+    k_forward = 64 if bf16 or (tf32 and rows < 256) else 0
+    swap = SWAP_CHOSEN if bf16 else 0
+    return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward, swap=swap)
 
 
 def whole_tiles(rows: int, hidden: list[int], blocks: Blocks) -> bool:
@@ -862,7 +910,7 @@ class FusedStep:
         kwargs = dict(
             L=self.L, COPIES=b.copies, FLAGS=b.flags, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
             ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
-            BATCH_TAIL=self.unmasked,
+            BATCH_TAIL=self.unmasked, SWAP=b.swap,
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, FORWARD_K=b.k_forward or b.k, CHUNK=b.chunk, HEAD_M=b.head_m, HEAD_K=b.head_k,
             BLOCK_C=self.block_c, PARTS=self.parts, ALGORITHM=self.algorithm,
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
