@@ -4,6 +4,7 @@
     python -m bench.tools.step_phases --precision tf32 --per-sm 1 --batch 64
     python -m bench.tools.step_phases --tiles 32x64           # another tile shape than blocks_for's
     python -m bench.tools.step_phases --sync flags            # no grid barriers: tiles wait on counters
+    python -m bench.tools.step_phases --precision tf32 --swap 0  # no product transposed (wgmma off)
 
 Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps with CUDA
 events, then replays a few with %globaltimer stamps at every grid barrier and prints,
@@ -77,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sync", choices=("barriers", "flags"), default=None,
                         help="grid barriers between phases, or tiles that wait for what they read "
                              "(default: the kernel's choice)")
+    parser.add_argument("--swap", type=int, choices=range(8), default=None, metavar="BITS",
+                        help="hidden products run transposed, bits: 1 forward, 2 input-gradient, 4 weight tiles "
+                             "(default: the kernel's choice)")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args(argv)
 
@@ -104,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         step.use_blocks(dataclasses.replace(step.blocks, m=args.tiles[0], n=args.tiles[1]))
     if args.sync is not None:
         step.use_blocks(dataclasses.replace(step.blocks, flags=args.sync == "flags"))
+    if args.swap is not None:
+        step.use_blocks(dataclasses.replace(step.blocks, swap=args.swap))
     batches = torch.randint(0, rows, (args.steps, args.batch), device="cuda")
     total = torch.zeros((), device="cuda")
     for index in batches[:10]:  # compiles, and settles the grid
