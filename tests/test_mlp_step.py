@@ -6,6 +6,11 @@ own kernel, the same bits twice, and the route the trainer records."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,6 +160,28 @@ def test_the_step_writes_nothing_outside_its_buffers() -> None:
         changed = torch.cat([buffer[:4096], buffer[-4096:]]) != 12345.0
         assert not changed.any(), f"{name}: {int(changed.sum())} elements written outside its {inside.numel()}"
     assert not torch.equal(moved.detach(), flat.detach())  # the step did update the moved buffers
+
+
+@pytest.mark.parametrize(("precision", "changes"), [
+    ("tf32", {}),                         # blocks_for's choice: the forward and input-gradient tiles swapped
+    ("tf32", {"swap": 7, "copies": 3}),   # the weight tiles too, with the A and G copies
+    ("bf16", {"swap": 7}),
+], ids=["tf32-chosen", "tf32-all-swapped", "bf16-all-swapped"])
+def test_no_wgmma_reads_a_buffer_the_pipeline_refills_while_it_reads(precision, changes) -> None:
+    """Compiled for sm_90 (no GPU needed), every shared-memory operand of the step's
+    warpgroup MMAs has as many buffers as the pipeline has stages. An operand also read
+    into registers got one fewer from Triton's pipeliner, and the asynchronous wgmma read
+    it while the next loads refilled it: different bits run to run on an H200, caught by
+    the GPU tests. tests/wgmma_buffers.py reads the buffers from Triton's TTGIR."""
+    root = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(root / "tests" / "wgmma_buffers.py"), precision, json.dumps(changes)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    buffered = [source for source in report["sources"] if source != "registers"]
+    assert buffered, f"no wgmma reads shared memory: the swapped products no longer reach wgmma ({report})"
+    assert set(buffered) == {f"buffers={report['stages']}"}, report
 
 
 @interpreter

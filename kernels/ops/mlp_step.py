@@ -59,7 +59,8 @@ AUTO_MIN_ROWS = 64
 ALL_COPIES = 3  # Blocks.copies: W, A and G transposed (in bf16 at bf16)
 W_COPY = 1  # Blocks.copies: W transposed alone
 # Blocks.swap: the forward and input-gradient tiles' products transposed. The weight tiles'
-# (4) gave different bits run to run with the A and G copies (docs/results-kernels.md).
+# (4) gave different bits run to run before db's rows had their own load, and have not
+# run on a GPU since (docs/results-kernels.md).
 SWAP_CHOSEN = 3
 
 
@@ -257,11 +258,20 @@ def _forward_tile(
         a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER, EVEN)
         if GATHER:
             if t % tiles_n == 0:
+                rows_x = a
+                if SWAP:
+                    # The copy loads the rows again: a swapped product's operand that is also
+                    # read into registers got one shared-memory buffer too few from Triton's
+                    # pipeliner (3.6 and 3.9), so a load for a later step overwrote the
+                    # buffer while the asynchronous wgmma still read it. ".cv" keeps the
+                    # two loads apart (docs/results-kernels.md).
+                    rows_x = tl.load(rows[:, None] + (k0 + offs_k)[None, :], cache_modifier=".cv",
+                                     mask=(offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < K), other=0.0)
                 copy = (offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < F_PAD)
-                tl.store(a_ptr + offs_m[:, None].to(tl.int64) * W_MAX + (k0 + offs_k)[None, :], a, mask=copy)
+                tl.store(a_ptr + offs_m[:, None].to(tl.int64) * W_MAX + (k0 + offs_k)[None, :], rows_x, mask=copy)
                 if COPIES & 2:  # rows M to M16 as zeros: dW_0 reads up to M16, aligned
                     tl.store(a_t_ptr + (k0 + offs_k)[None, :].to(tl.int64) * M_PAD + offs_m[:, None],
-                             a.to(a_t_ptr.dtype.element_ty),
+                             rows_x.to(a_t_ptr.dtype.element_ty),
                              mask=(offs_m[:, None] < M16) & ((k0 + offs_k)[None, :] < F_PAD))
         if EVEN:
             w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None])
@@ -411,11 +421,11 @@ def _update(
 @triton.jit
 def _weight_operands(
     g_ptr, a_ptr, g_t_ptr, a_t_ptr, offs_b, offs_n, offs_k, rows, N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES: tl.constexpr,
-    BATCH_MASK: tl.constexpr,
+    BATCH_MASK: tl.constexpr, SWAP: tl.constexpr,
 ):
     """G_i.T's (offs_n, offs_b) and A_i's (offs_b, offs_k) tiles for dW_i, from the
     transposed copies with COPIES & 2; zero past N_LOAD and K_LOAD, and with BATCH_MASK
-    past `rows` of the batch."""
+    past `rows` of the batch; and G_i.T's tile again for db's sum (with SWAP its own load)."""
     if COPIES & 2:
         g_at = g_t_ptr + offs_n[:, None].to(tl.int64) * M_PAD + offs_b[None, :]
         a_at = a_t_ptr + offs_k[None, :].to(tl.int64) * M_PAD + offs_b[:, None]
@@ -429,7 +439,11 @@ def _weight_operands(
         a_mask = a_mask & (offs_b[:, None] < rows)
     gt = tl.load(g_at, mask=g_mask, other=0.0, cache_modifier=".cg")
     a = tl.load(a_at, mask=a_mask, other=0.0, cache_modifier=".cg")
-    return gt, a
+    if SWAP:  # db's rows loaded apart from the swapped MMA's operand (see _forward_tile)
+        g_rows = tl.load(g_at, mask=g_mask, other=0.0, cache_modifier=".cv")
+    else:
+        g_rows = gt
+    return gt, a, g_rows
 
 
 @triton.jit
@@ -449,8 +463,8 @@ def _weight_tile(
     COPIES & 2 both come from their transposed copies, the batch contiguous, read up to M16
     (zeros past M): the MMA's operands then load whole from shared memory. With FLAGS the
     update waits for the counter at ready_ptr to reach `ready`: the old weights' last reads.
-    SWAP: see _mma; with COPIES & 2 its bits varied run to run (H200, Triton 3.6), so no
-    choice of blocks_for sets it here."""
+    SWAP: see _mma. Before db's rows had their own load, SWAP with COPIES & 2 gave
+    different bits run to run (H200, Triton 3.6); blocks_for does not set it here."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_n = _first_row(t, tiles_k, BLOCK_M) + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -470,15 +484,15 @@ def _weight_tile(
     else:
         whole = 0
     for m0 in range(0, whole, BLOCK_K):
-        gt, a = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows, N_LOAD, K_LOAD,
-                                 M_PAD, W_MAX, COPIES, False)
+        gt, a, g_rows = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows,
+                                         N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, False, SWAP)
         acc = _mma(gt, a, acc, DOT, SWAP)
-        gsum += gt
+        gsum += g_rows
     for m0 in tl.range(whole, M, BLOCK_K, num_stages=1 if BATCH_TAIL else None):
-        gt, a = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows, N_LOAD, K_LOAD,
-                                 M_PAD, W_MAX, COPIES, True)
+        gt, a, g_rows = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows,
+                                         N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, True, SWAP)
         acc = _mma(gt, a, acc, DOT, SWAP)
-        gsum += gt
+        gsum += g_rows
     db = tl.sum(gsum, axis=1)
     # The gradient goes out first and the optimizer then walks the tile CHUNK elements at a
     # time: a loop, where updating the tile in registers unrolled into thousands of
