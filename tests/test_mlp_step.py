@@ -175,6 +175,7 @@ def test_no_wgmma_reads_a_buffer_the_pipeline_refills_while_it_reads(precision, 
     the GPU tests. tests/wgmma_buffers.py reads the buffers from Triton's TTGIR."""
     root = Path(__file__).resolve().parents[1]
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))  # this checkout's kernels
     done = subprocess.run([sys.executable, str(root / "tests" / "wgmma_buffers.py"), precision, json.dumps(changes)],
                           cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
