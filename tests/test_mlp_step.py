@@ -63,15 +63,15 @@ def rms(t):
     (32, 2, "relu", "adam", 24, 20),         # G_{L-1} read 32 columns wide
     (32, 3, "leaky_relu", "adam", 48, 10),   # whole tiles: the hidden products load unmasked
 ], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16", "adam-2x32-20-classes", "adam-3x32-whole"])
-@pytest.mark.parametrize(("copies", "swap"), [(0, 3), (1, 3), (2, 3), (3, 3), (0, 0), (3, 0), (3, 7), (0, 4)],
+@pytest.mark.parametrize(("copies", "swap"), [(0, 7), (1, 3), (2, 7), (3, 7), (0, 0), (3, 0), (3, 3), (0, 4)],
                          ids=["no-copies", "w-copy", "ag-copies", "all-copies", "no-copies-unswapped",
-                              "all-copies-unswapped", "all-copies-all-swapped", "no-copies-weights-swapped"])
+                              "all-copies-unswapped", "all-copies-weights-unswapped", "no-copies-weights-swapped"])
 def test_step_matches_float64_and_the_flat_optimizer(
     width, depth, activation, optimizer, batch, classes, copies, swap,
 ) -> None:
     """Each choice of transposed copies for the backward operands (Blocks.copies), with
-    the hidden products run transposed (Blocks.swap, bits per kind of tile: the chosen
-    forward and input-gradient tiles, all, the weight tiles alone) and none."""
+    the hidden products run transposed (Blocks.swap, bits per kind of tile: all, the
+    forward and input-gradient tiles, the weight tiles alone) and none."""
     x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer, classes=classes)
     step = fused(x, y, ours, opt_ours, activation, batch)
     step.use_blocks(dataclasses.replace(step.blocks, copies=copies, swap=swap))
@@ -163,10 +163,10 @@ def test_the_step_writes_nothing_outside_its_buffers() -> None:
 
 
 @pytest.mark.parametrize(("precision", "changes"), [
-    ("tf32", {}),                         # blocks_for's choice: the forward and input-gradient tiles swapped
-    ("tf32", {"swap": 7, "copies": 3}),   # the weight tiles too, with the A and G copies
-    ("bf16", {"swap": 7}),
-], ids=["tf32-chosen", "tf32-all-swapped", "bf16-all-swapped"])
+    ("tf32", {}),                         # blocks_for's choice: every hidden product swapped, all copies
+    ("tf32", {"swap": 3, "copies": 1}),   # the forward and input-gradient tiles alone, the W copy
+    ("bf16", {}),
+], ids=["tf32-chosen", "tf32-weights-unswapped", "bf16-chosen"])
 def test_no_wgmma_reads_a_buffer_the_pipeline_refills_while_it_reads(precision, changes) -> None:
     """Compiled for sm_90 (no GPU needed), every shared-memory operand of the step's
     warpgroup MMAs has as many buffers as the pipeline has stages. An operand also read
@@ -309,18 +309,20 @@ def test_auto_takes_the_step_only_where_it_was_measured_faster() -> None:
 
 
 def test_tiles_leave_few_programs_idle() -> None:
-    """The tile shape keeps a phase's tiles near the program count (two per SM): 16 x 64
-    at the study shape (256 tiles for 264 programs, where 32 x 64 gave 128), 32 x 64 once
-    a layer has enough of them, 16 x 32 for smaller batches."""
+    """The tile shape keeps a phase's tiles near the program count (two per SM) or above
+    it: 16 x 64 at the study shape (256 tiles for 264 programs, where 32 x 64 gave 128)
+    and past it (two rounds of 16 x 64 beat one of 32 x 64, but for fp32 wider than 512),
+    16 x 32 for smaller batches."""
     def shape(rows, width, sms=132):
         blocks = mlp_step.blocks_for(rows, width, sms, interpreter=False)
         return blocks.m, blocks.n
 
     assert shape(512, 512) == (16, 64)
-    assert shape(512, 1024) == (32, 64)
+    assert shape(1024, 512) == shape(512, 512, sms=64) == (16, 64)
+    assert shape(512, 1024) == (32, 64)  # fp32's longer reductions, wider than 512
+    assert mlp_step.blocks_for(512, 1024, 132, "tf32", interpreter=False).m == 16
     assert shape(256, 512) == (16, 32)
     assert shape(64, 512) == (16, 32)
-    assert shape(512, 512, sms=64) == (32, 64)
     assert mlp_step.blocks_for(512, 512, 132, interpreter=True).m == 16
     # TF32's swapped 16 x 64 tiles beat 16 x 32 with 3/8 as many tiles as programs.
     for rows, width in ((256, 512), (512, 256)):
@@ -339,7 +341,8 @@ def test_flags_where_they_were_measured_faster() -> None:
 
     for precision in ("fp32", "tf32", "bf16"):
         assert choice(512, 512, precision) == (True, 64)
-        assert not choice(512, 1024, precision)[0]  # 32 x 64 tiles: not measured
+        assert choice(1024, 512, precision) == (True, 64)
+        assert choice(512, 1024, precision) == ((False, 0) if precision == "fp32" else (True, 64))
         assert mlp_step.blocks_for(512, 512, 132, precision, interpreter=True).flags
     assert choice(64, 512, "fp32") == choice(128, 512, "fp32") == (False, 0)
     assert choice(256, 512, "fp32") == choice(512, 256, "fp32") == (True, 0)
@@ -348,26 +351,25 @@ def test_flags_where_they_were_measured_faster() -> None:
 
 
 def test_transposed_products_and_copies_where_they_were_measured_faster() -> None:
-    """Measured (docs/results-kernels.md): at TF32 64-column tiles run the forward and
-    input-gradient products transposed (wgmma), the latter reading W^T from its copy;
-    bf16 swaps at any tile and keeps its three bf16 copies; fp32 and the 16 x 32 tiles of
-    fp32 and TF32 keep neither (slower or even). No choice swaps the weight tiles (their
-    bits varied run to run with the copies). The interpreter runs the chosen swap with each
-    precision's copies, so CI runs the GPU's code."""
+    """Measured (docs/results-kernels.md): at TF32 and bf16, 64-column tiles run every
+    hidden product transposed (wgmma), the backward tiles reading W, A and G from their
+    transposed copies; bf16 swaps at any tile. fp32 (3xTF32 splits its operands in
+    registers) and the 16 x 32 tiles of TF32 keep neither (slower or even). The
+    interpreter runs each precision's choice, so CI runs the GPU's code."""
     def chosen(rows, width, precision, interpreter=False):
         blocks = mlp_step.blocks_for(rows, width, 132, precision, interpreter=interpreter)
         return blocks.swap, blocks.copies
 
-    swapped = mlp_step.SWAP_CHOSEN
-    assert swapped == 3  # forward (1) and input-gradient (2) tiles; never the weight tiles (4)
-    assert chosen(512, 512, "tf32") == chosen(256, 512, "tf32") == (swapped, mlp_step.W_COPY)
-    assert chosen(512, 512, "bf16") == chosen(64, 512, "bf16") == (swapped, mlp_step.ALL_COPIES)
-    assert chosen(512, 512, "fp32") == (0, 0)
+    every = mlp_step.SWAP_CHOSEN
+    assert every == 7  # forward (1), input-gradient (2) and weight (4) tiles
+    for precision in ("tf32", "bf16"):
+        assert chosen(512, 512, precision) == chosen(512, 512, precision, interpreter=True)
+        assert chosen(512, 512, precision) == (every, mlp_step.ALL_COPIES)
+    assert chosen(256, 512, "tf32") == chosen(64, 512, "bf16") == (every, mlp_step.ALL_COPIES)
+    assert chosen(512, 512, "fp32") == chosen(512, 512, "fp32", interpreter=True) == (0, 0)
+    assert chosen(1024, 512, "tf32") == (every, mlp_step.ALL_COPIES) and chosen(1024, 512, "fp32") == (0, 0)
     for precision in ("fp32", "tf32"):
-        assert chosen(64, 512, precision) == chosen(512, 128, precision) == chosen(1024, 512, precision) == (0, 0)
-    for precision in ("fp32", "tf32", "bf16"):
-        copies = mlp_step.ALL_COPIES if precision == "bf16" else 0
-        assert chosen(512, 512, precision, interpreter=True) == (swapped, copies)
+        assert chosen(64, 512, precision) == chosen(512, 128, precision) == (0, 0)
 
 
 @pytest.fixture(scope="module")

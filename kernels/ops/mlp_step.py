@@ -5,9 +5,9 @@ tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per layer its input-gradi
 tiles beside the next layer's weight-gradient tiles, the optimizer in their epilogue;
 last dW_1 and dW_0. Between phases either a grid barrier, or (Blocks.flags) each tile
 waits on counters for the tiles it reads, and a weight's update for its last readers.
-At bf16 the backward tiles read bf16 transposed copies of W, A and G; with 64-column
-tiles the forward and input-gradient products run transposed (Hopper's wgmma). Each dW tile is
-reduced by one program in order: a step is deterministic and its bits do not depend
+At TF32 and bf16 the backward tiles read transposed copies of W, A and G (bf16 at bf16);
+with 64-column tiles every hidden product runs transposed (Hopper's wgmma). Each dW tile
+is reduced by one program in order: a step is deterministic and its bits do not depend
 on P. Parameters, gradients and state are a FlatOptimizer's, so either route continues
 the other's run. Under the interpreter P = 1 and every wait passes at once, so CPU tests
 run this code; a wait that polls too long sets a flag `check` raises on, rather than
@@ -57,11 +57,9 @@ AUTO_MAX_DEPTH = 5
 AUTO_MAX_WIDTH = 512
 AUTO_MIN_ROWS = 64
 ALL_COPIES = 3  # Blocks.copies: W, A and G transposed (in bf16 at bf16)
-W_COPY = 1  # Blocks.copies: W transposed alone
-# Blocks.swap: the forward and input-gradient tiles' products transposed. The weight tiles'
-# (4) gave different bits run to run before db's rows had their own load, and have not
-# run on a GPU since (docs/results-kernels.md).
-SWAP_CHOSEN = 3
+# Blocks.swap: every hidden product transposed, the weight tiles' (4) too since db's rows
+# got their own load (before, they gave different bits run to run; docs/results-kernels.md).
+SWAP_CHOSEN = 7
 
 
 def switch_from_env(value: str | None) -> str:
@@ -464,7 +462,7 @@ def _weight_tile(
     (zeros past M): the MMA's operands then load whole from shared memory. With FLAGS the
     update waits for the counter at ready_ptr to reach `ready`: the old weights' last reads.
     SWAP: see _mma. Before db's rows had their own load, SWAP with COPIES & 2 gave
-    different bits run to run (H200, Triton 3.6); blocks_for does not set it here."""
+    different bits run to run (H200, Triton 3.6); with it, runs repeat their bits."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_n = _first_row(t, tiles_k, BLOCK_M) + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -747,28 +745,30 @@ def blocks_for(
     rows: int, width: int, sms: int, precision: str = "fp32", interpreter: bool = INTERPRETER,
 ) -> Blocks:
     """The largest tiles that still give a phase work for most of the 2 x `sms` programs:
-    32 x 64 where a hidden layer has 3/4 as many tiles as programs (fewer bytes read per
-    product), else 16 x 64 where it has half as many (at TF32 3/8 as many), else 16 x 32
-    (the study shape: 256 tiles of 16 x 64, where 32 x 64 left half the programs idle).
-    At TF32 and bf16 the forward and input-gradient tiles run their products transposed
-    (`swap`: Hopper's wgmma) with 64-column tiles, bf16 at any tile, and read W^T from a
-    transposed copy (`copies`); bf16 also reads A and G from bf16 copies. Tiles wait for
-    what they read, not for grid barriers (`flags`), except with 32 x 64 tiles (not
-    measured) and at fp32 under 256 rows; the forward tiles reduce 64 at a time
+    16 x 64 where a hidden layer has half as many tiles as programs (at TF32 3/8 as many),
+    else 16 x 32. Past one tile a program, two rounds of 16 x 64 tiles beat one of 32 x 64
+    (batch 1024), which the study shape's 256 tiles left half the programs idle with;
+    wider than 512, fp32 keeps 32 x 64 where those are 3/4 as many as programs.
+    At TF32 and bf16 every hidden product runs transposed (`swap`: Hopper's wgmma) with
+    64-column tiles, bf16 at any tile, the backward tiles reading W, A and G from
+    transposed copies (`copies`; bf16 copies at bf16). Tiles wait for
+    what they read, not for grid barriers (`flags`), except at fp32 under 256 rows; the
+    forward tiles reduce 64 at a time
     (`k_forward`) where that was faster. Measured choices: docs/results-kernels.md."""
     bf16, tf32 = precision == "bf16", precision == "tf32"
     copies = ALL_COPIES if bf16 else 0
-    if interpreter:  # the swapped products too, so that CI runs the GPU's choice
-        return Blocks(16, 16, 16, 16, 4, head_k=16, copies=copies, flags=True, swap=SWAP_CHOSEN)
+    if interpreter:  # the swapped products and copies too, so that CI runs the GPU's choice
+        fp32 = precision == "fp32"
+        return Blocks(16, 16, 16, 16, 4, head_k=16, copies=0 if fp32 else ALL_COPIES, flags=True,
+                      swap=0 if fp32 else SWAP_CHOSEN)
     programs = 2 * sms  # Blocks.per_sm below; one per SM only where two do not fit
-    if cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
-        return Blocks(32, 64, 32, 16, 4, per_sm=2, copies=copies)
+    if precision == "fp32" and width > 512 and cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
+        return Blocks(32, 64, 32, 16, 4, per_sm=2)
     tiles = cdiv(rows, 16) * cdiv(width, 64)
     if tiles >= programs // 2 or (tf32 and tiles >= programs * 3 // 8):
         if precision == "fp32":  # 3xTF32's split operands gained 2% swapped, all swapped only
             return Blocks(16, 64, 32, 16, 4, 2, per_sm=2, flags=True, k_forward=64)
-        return Blocks(16, 64, 32, 16, 4, per_sm=2, copies=copies if bf16 else W_COPY, flags=True, k_forward=64,
-                      swap=SWAP_CHOSEN)
+        return Blocks(16, 64, 32, 16, 4, per_sm=2, copies=ALL_COPIES, flags=True, k_forward=64, swap=SWAP_CHOSEN)
     flags = precision != "fp32" or rows >= 256
     k_forward = 64 if bf16 or (tf32 and rows < 256) else 0
     swap = SWAP_CHOSEN if bf16 else 0
