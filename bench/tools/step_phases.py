@@ -9,7 +9,7 @@
 Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps in replays
 of a CUDA graph, then runs a few with %globaltimer stamps at every grid barrier and prints,
 per phase, the slowest program's work and the wait at the barrier after it, the
-reading behind docs/results-kernels.md's per-phase table ("kernels/ops/mlp_step.py").
+reading behind docs/results-mlp-step.md's per-phase table.
 With counter waits (`--sync flags`) phases overlap: a phase ends at each program's last
 tile of it, and the barrier column reads how far the next phase had already started.
 """
