@@ -751,10 +751,10 @@ def blocks_for(
     wider than 512, fp32 keeps 32 x 64 where those are 3/4 as many as programs.
     At TF32 and bf16 every hidden product runs transposed (`swap`: Hopper's wgmma) with
     64-column tiles, bf16 at any tile, the backward tiles reading W, A and G from
-    transposed copies (`copies`; bf16 copies at bf16). Tiles wait for
-    what they read, not for grid barriers (`flags`), except at fp32 under 256 rows; the
-    forward tiles reduce 64 at a time
-    (`k_forward`) where that was faster. Measured choices: docs/results-mlp-step.md."""
+    transposed copies (`copies`; bf16 copies at bf16). Tiles wait for what they read, not
+    for grid barriers (`flags`), except at fp32 under 256 rows. The forward tiles reduce
+    64 at a time (`k_forward`) where that was faster, and at TF32 with 16 x 64 tiles the
+    backward tiles too (`k`). Measured choices: docs/results-mlp-step.md."""
     bf16, tf32 = precision == "bf16", precision == "tf32"
     copies = ALL_COPIES if bf16 else 0
     if interpreter:  # the swapped products and copies too, so that CI runs the GPU's choice
@@ -768,7 +768,10 @@ def blocks_for(
     if tiles >= programs // 2 or (tf32 and tiles >= programs * 3 // 8):
         if precision == "fp32":  # 3xTF32's split operands gained 2% swapped, all swapped only
             return Blocks(16, 64, 32, 16, 4, 2, per_sm=2, flags=True, k_forward=64)
-        return Blocks(16, 64, 32, 16, 4, per_sm=2, copies=ALL_COPIES, flags=True, k_forward=64, swap=SWAP_CHOSEN)
+        backward_k = 64 if tf32 else 32  # 64 was 4-5% faster at TF32, 11% slower at bf16
+        head_k = 64 if bf16 else 128  # bf16's logits: 2% faster in steps of 64, TF32's even
+        return Blocks(16, 64, backward_k, 16, 4, per_sm=2, copies=ALL_COPIES, flags=True, k_forward=64,
+                      swap=SWAP_CHOSEN, head_k=head_k)
     flags = precision != "fp32" or rows >= 256
     k_forward = 64 if bf16 or (tf32 and rows < 256) else 0
     swap = SWAP_CHOSEN if bf16 else 0
