@@ -51,7 +51,8 @@ CASES = [
 @pytest.mark.nightly  # minutes of torchrun start-ups; scaling is not what a pull request changes
 @pytest.mark.parametrize(("dp", "width", "scaling", "batch"), CASES)
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"world-{w}")
-def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, width: int, scaling: str, batch: int) -> None:
+def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, width: int, scaling: str,
+                       batch: int) -> None:
     session = request.config.pluginmanager.get_plugin("loadbench")
     options = session.options
     epochs = options.epochs if CUDA else min(options.epochs, 3)
@@ -61,7 +62,8 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, 
     scale = options.profile.scale if options.dataset == "synthetic" else 1.0
     one_gpu = one_gpu_graph_loop(session, config.replace(batch_size=batch), options.dataset, scale)
     # children=True: the process figures cover torchrun and the ranks, where the work runs
-    monitors = [LoadMonitor(torch.device(f"cuda:{i}") if CUDA else torch.device("cpu"), options.monitor_period, children=True)
+    monitors = [LoadMonitor(torch.device(f"cuda:{i}") if CUDA else torch.device("cpu"), options.monitor_period,
+                            children=True)
                 for i in range(world if CUDA else 1)]
     result: dict = {}
 
@@ -96,7 +98,8 @@ def test_data_parallel(benchmark, request, tmp_path: Path, world: int, dp: str, 
         epoch_seconds=result["epoch_seconds"], accuracy=result["accuracy"], macro_f1=result["macro_f1"],
         # pytest-benchmark's public API takes its rounds only from calls it times itself, and the
         # epochs run in the ranks' processes: its one round here is the whole torchrun launch.
-        benchmark_rounds="one round: the whole torchrun launch (start-up included); rank 0's epochs are in epoch_seconds",
+        benchmark_rounds="one round: the whole torchrun launch (start-up included); "
+                         "rank 0's epochs are in epoch_seconds",
         # Rank 0's training window (every rank passes the same barriers), not torchrun's start-up.
         load_per_gpu=[summarize_monitor(m, epochs + 1, window=tuple(result["train_window"])) for m in monitors],
     )

@@ -215,7 +215,8 @@ def test_batch1_forward(benchmark, request, shape: str, precision: str) -> None:
         gpu_us_per_forward={k: v * 1000 for k, v in times.items()} if cuda else None,
         host_us_per_forward=None if cuda else {k: v * 1000 for k, v in times.items()},
         one_launch_speedup={k: times[k] / times["one_launch"] for k in ("torch", "layer_by_layer")},
-        notes=[] if cuda else ["CPU: Triton's interpreter and eager torch, one call each; the code path, not the speed"],
+        notes=[] if cuda else ["CPU: Triton's interpreter and eager torch, one call each; "
+                               "the code path, not the speed"],
     )
     assert all(v > 0 and math.isfinite(v) for v in times.values())
 

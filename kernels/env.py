@@ -81,7 +81,8 @@ VARIABLES = (
              "how Triton launch configurations are chosen: off (committed table, then the heuristic), cache (table, "
              "then the local tuning cache, else tune and store), always (re-tune each shape class once per process)",
              _choice(TUNE_MODES), "cache"),
-    Variable("LOADBENCH_CACHE_DIR", "a directory (created if missing)", "the platform's cache directory + mlp-loadbench",
+    Variable("LOADBENCH_CACHE_DIR", "a directory (created if missing)",
+             "the platform's cache directory + mlp-loadbench",
              "where the tuning cache (launch-cache.json) lives", _text),
     Variable("LOADBENCH_TUNE_THREADS", "a whole number, 1 or more", "8",
              "threads that load the kernels compiled ahead while tuning", _whole(1), 8),
@@ -92,7 +93,7 @@ VARIABLES = (
              "whether impl=triton serves a few-row forward in one fused launch", _choice(("1", "0")), "1"),
     Variable("LOADBENCH_FUSED_STEP", "use auto, 1 (one launch per training step) or 0 (the layer kernels)", "auto",
              "whether impl=triton with optimizer-impl=triton trains through the one-launch fused step "
-             "(auto: on a CUDA GPU, where it was measured faster than the layer kernels; docs/results-kernels.md)",
+             "(auto: on a CUDA GPU, where it was measured faster than the layer kernels; docs/results-mlp-step.md)",
              _choice(("auto", "1", "0")), "auto"),
     Variable("LOADBENCH_STRICT_FP32", f"use one of {', '.join(STRICT_FP32_CHOICES)}", "tf32x3",
              "how impl=triton runs fp32 at 'highest' precision: ieee (exact fp32 FMAs) or tf32x3 (three TF32 products)",

@@ -61,7 +61,8 @@ class Compression:
             raise ValueError(f"Compression.sparsity={self.sparsity!r}: expected a fraction in [0, 1)")
         if not isinstance(self.semi_structured, bool):
             raise ValueError(f"Compression.semi_structured={self.semi_structured!r}: expected True or False")
-        if isinstance(self.finetune_epochs, bool) or not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
+        if (isinstance(self.finetune_epochs, bool) or not isinstance(self.finetune_epochs, int)
+                or self.finetune_epochs < 0):
             raise ValueError(f"Compression.finetune_epochs={self.finetune_epochs!r}: expected an integer >= 0")
         if self.semi_structured and self.sparsity:
             raise ValueError(

@@ -27,7 +27,8 @@ class TrainConfig:
     activation: str = "leaky_relu"
     optimizer: str = "adam"
     epochs: int = 400  # the study's schedule
-    impl: str = "torch"  # 'triton': every Linear through kernels/ops/linear_act.py; 'compile': torch.compile of the step
+    # 'triton': every Linear through kernels/ops/linear_act.py; 'compile': torch.compile of the step
+    impl: str = "torch"
     precision: str = "fp32"  # fp32 is strict IEEE (TF32 off)
     loop: str = "fast"
     seed: int = 42  # split, torch, numpy and random

@@ -132,7 +132,8 @@ def _train(
         "world_size": world,
         "backend": dist.get_backend(),
         "data_parallel": kind,  # 'ddp' or 'flat-allreduce'
-        "loop": loop,  # the loop that ran: 'graph' runs as 'fast' (eagerly) on gloo, and on NCCL with LOADBENCH_DP_GRAPH=0
+        # the loop that ran: 'graph' runs as 'fast' (eagerly) on gloo, and on NCCL with LOADBENCH_DP_GRAPH=0
+        "loop": loop,
         "note": note,  # why the loop that ran is not the one asked for, else None
         "optimizer_impl": how,
         "epoch_seconds": seconds,
@@ -246,7 +247,8 @@ def launch(
     try:
         if process.returncode != 0 or not out.is_file():
             detail = "\n".join(_rank_errors(errors)) or failure_detail(output)
-            raise DistributedError(f"data-parallel run on {world_size} ranks failed (exit {process.returncode}):\n{detail}")
+            raise DistributedError(f"data-parallel run on {world_size} ranks failed "
+                                   f"(exit {process.returncode}):\n{detail}")
         return json.loads(out.read_text())
     finally:
         out.unlink(missing_ok=True)

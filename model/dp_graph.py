@@ -176,7 +176,8 @@ class FlatDataParallel:
 
             self.loss_fn = cross_entropy
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.loop, self.note = resolve_loop(config.loop, dist.get_backend()) if config.loop in GRAPH_LOOPS else ("fast", None)
+        self.loop, self.note = (resolve_loop(config.loop, dist.get_backend()) if config.loop in GRAPH_LOOPS
+                                else ("fast", None))
         self.epoch: Callable[[], float] = self._eager_epoch
         if self.loop in GRAPH_LOOPS:
             self.epoch = _GraphEpoch(self, whole_epoch=self.loop == "graph")

@@ -99,13 +99,17 @@ def test_compare_fail_is_refused_against_a_baseline_of_other_settings(run, pytes
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--benchmark-warmup"], "--benchmark-warmup: not used by mlp-loadbench: the first epoch of every case is its warm-up round*"),
+        (["--benchmark-warmup"],
+         "--benchmark-warmup: not used by mlp-loadbench: the first epoch of every case is its warm-up round*"),
         (["--benchmark-warmup-iterations=3"], "--benchmark-warmup-iterations: not used by mlp-loadbench*"),
-        (["--benchmark-max-time=2"], "--benchmark-max-time: not used by mlp-loadbench: rounds are epochs*change the training*"),
+        (["--benchmark-max-time=2"],
+         "--benchmark-max-time: not used by mlp-loadbench: rounds are epochs*change the training*"),
         (["--benchmark-min-time=0.1"], "--benchmark-min-time: not used by mlp-loadbench: rounds are epochs*"),
         (["--benchmark-calibration-precision=20"], "--benchmark-calibration-precision: not used by mlp-loadbench*"),
-        (["--benchmark-min-rounds=20"], "--benchmark-min-rounds 20: a training case times 7 epoch(s)*pass --epochs 21*"),
-        (["--benchmark-storage=elasticsearch+http://localhost:9200/bench/run"], "--benchmark-storage elasticsearch+http://...: refused*file storage*"),
+        (["--benchmark-min-rounds=20"],
+         "--benchmark-min-rounds 20: a training case times 7 epoch(s)*pass --epochs 21*"),
+        (["--benchmark-storage=elasticsearch+http://localhost:9200/bench/run"],
+         "--benchmark-storage elasticsearch+http://...: refused*file storage*"),
         (["--epochs=1"], "*--epochs: '1': the first epoch is the warm-up*at least 2*"),
     ],
 )
@@ -123,7 +127,8 @@ def test_min_rounds_within_the_timed_epochs_is_honoured(run) -> None:
 def test_cprofile_profiles_apart(run, pytester) -> None:
     run("--benchmark-json=plain.json").assert_outcomes(passed=2)
     run("--benchmark-json=profiled.json", "--benchmark-cprofile=tottime").assert_outcomes(passed=2)
-    plain, profiled = (json.loads((pytester.path / f).read_text())["benchmarks"] for f in ("plain.json", "profiled.json"))
+    plain, profiled = (json.loads((pytester.path / f).read_text())["benchmarks"]
+                       for f in ("plain.json", "profiled.json"))
     for a, b in zip(plain, profiled):
         assert b["stats"]["rounds"] == EPOCHS - 1  # the profiled epoch is not a timed round
         assert len(b["extra_info"]["epoch_seconds_by_round"][0]) == EPOCHS  # nor one of the gate's samples

@@ -33,7 +33,8 @@ TOOL_ROOT = Path(bench.__file__).resolve().parents[1]
 # epoch, so a clock that advances by that much per read makes every timed epoch that long,
 # whatever the machine is doing.
 CONFTEST = 'pytest_plugins = ["bench.plugin"]\n'
-DELAY = "import itertools\n\nEPOCH_SECONDS = {seconds}\n_ticks = itertools.count()\n\n\ndef clock():\n    return next(_ticks) * EPOCH_SECONDS\n"
+DELAY = ("import itertools\n\nEPOCH_SECONDS = {seconds}\n_ticks = itertools.count()\n\n\n"
+         "def clock():\n    return next(_ticks) * EPOCH_SECONDS\n")
 
 CASE = "from bench.cases import Case\n\ndef test_units(loadbench):\n    loadbench.run(Case('units', 128), width=16)\n"
 
@@ -78,8 +79,8 @@ def tool_env(**extra: str) -> dict[str, str]:
 def run_bisect(repo: Path, good: str, bad: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bench.tools.bisect", good, bad, "-k", "test_units", "--path", "perf/",
-         "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}", "--benchmark-timer=delay.clock",
-         "--dataset=" + str(_tiny_csv(tmp_path))],
+         "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}",
+         "--benchmark-timer=delay.clock", "--dataset=" + str(_tiny_csv(tmp_path))],
         cwd=repo, capture_output=True, text=True, env=tool_env(),
     )
 
@@ -208,8 +209,8 @@ def run_light_bisect(repo: Path, good: str, bad: str, tmp_path: Path, **env: str
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
     return subprocess.run(
-        [sys.executable, "-m", "bench.tools.bisect", good, bad, "-k", "test_units", "--path", "perf/", "--repo", str(repo),
-         "--", "--benchmark-timer=bench.delay.clock"],
+        [sys.executable, "-m", "bench.tools.bisect", good, bad, "-k", "test_units", "--path", "perf/",
+         "--repo", str(repo), "--", "--benchmark-timer=bench.delay.clock"],
         cwd=elsewhere, capture_output=True, text=True, env=tool_env(**env),
     )
 
@@ -267,8 +268,8 @@ def test_a_commit_where_the_suite_cannot_run_is_skipped_not_blamed(tmp_path: Pat
         ("change 4 (slow)", slow()),
     ])
     git(repo, "checkout", "-q", commits[2])
-    direct = subprocess.run([sys.executable, "-m", "pytest", "perf/", "-k", "test_units", "-p", "no:cacheprovider", "-q",
-                             "--benchmark-timer=bench.delay.clock"], cwd=repo, capture_output=True, text=True,
+    direct = subprocess.run([sys.executable, "-m", "pytest", "perf/", "-k", "test_units", "-p", "no:cacheprovider",
+                             "-q", "--benchmark-timer=bench.delay.clock"], cwd=repo, capture_output=True, text=True,
                             env=checkout_env(repo, tool_env()))
     assert direct.returncode == returncode, direct.stdout[-2000:]  # the commit breaks the way it says
     git(repo, "checkout", "-q", "-")
@@ -303,10 +304,12 @@ def test_only_skipped_commits_left_is_one_line_naming_them() -> None:
     from bench.tools.bisect import first_bad
 
     a, b = "a" * 40, "b" * 40
-    output = f"There are only 'skip'ped commits left to test.\nThe first bad commit could be any of:\n{a}\n{b}\nWe cannot bisect more!\n"
+    output = (f"There are only 'skip'ped commits left to test.\nThe first bad commit could be any of:\n{a}\n{b}\n"
+              "We cannot bisect more!\n")
     with pytest.raises(BisectError) as raised:
         first_bad(output)
-    assert str(raised.value) == f"the first bad commit is one of {a[:12]}, {b[:12]}: the suite could not run at the others to tell"
+    assert str(raised.value) == (f"the first bad commit is one of {a[:12]}, {b[:12]}: "
+                                 "the suite could not run at the others to tell")
     assert first_bad(f"{a} is the first bad commit\ncommit {a}\n") == a
 
 
@@ -314,6 +317,7 @@ def test_the_skipped_commits_come_from_the_bisect_log() -> None:
     from bench.tools.bisect import skipped_commits
 
     a, b, c = "a" * 40, "b" * 40, "c" * 40
-    log = f"git bisect start '{a}' '{b}'\n# skip: [{c}] change 2\ngit bisect skip {c}\n# good: [{b}] change 1\ngit bisect good {b}\n"
+    log = (f"git bisect start '{a}' '{b}'\n# skip: [{c}] change 2\ngit bisect skip {c}\n"
+           f"# good: [{b}] change 1\ngit bisect good {b}\n")
     assert skipped_commits(log) == (c,)
     assert skipped_commits(f"git bisect good {b}\n") == ()

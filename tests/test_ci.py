@@ -48,7 +48,8 @@ def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subpr
     env.pop("GITHUB_SHA", None)
     command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(project / "main-runs"),
                "--out", str(project / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", *extra,
-               "--", "--device=cpu", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}", TIMER, "-q"]
+               "--", "--device=cpu", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}",
+               TIMER, "-q"]
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -93,7 +93,8 @@ def write_run(path: Path, day: int, records: dict[str, dict], *, gpu: str = GPU,
 
 
 def cases(slowdown: float = 1.0, drift: float = 1.0, **kwargs) -> dict[str, dict]:
-    return {fullname(c): training(c, 0.1 * (2 if c == "batch-64" else 1) * slowdown * drift, **kwargs) for c in TRAINING}
+    return {fullname(c): training(c, 0.1 * (2 if c == "batch-64" else 1) * slowdown * drift, **kwargs)
+            for c in TRAINING}
 
 
 @pytest.fixture
@@ -190,7 +191,8 @@ def test_a_planted_run_against_an_unplanted_one_is_not_gated(stored, tmp_path, b
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({"epochs": 40}, "OLD ran epochs=8, NEW epochs=40"),
-    ({"profile": "quick", "epochs": 40}, "OLD ran profile='smoke', NEW profile='quick'; OLD ran epochs=8, NEW epochs=40"),
+    ({"profile": "quick", "epochs": 40},
+     "OLD ran profile='smoke', NEW profile='quick'; OLD ran epochs=8, NEW epochs=40"),
     ({"gpu": "NVIDIA H200"}, f"OLD ran on {GPU}, NEW on NVIDIA H200"),
 ])
 def test_other_settings_or_gpu_are_not_gated(stored, tmp_path, budgets, capsys, change, reason) -> None:

@@ -100,7 +100,8 @@ def test_two_runners_share_one_history(tmp_path, bare, monkeypatch, capsys) -> N
                                   "runs/nvidia-h200/29990101T100000Z_aaaa1111_gpu-box-2.json"]
     assert git("log", "--format=%s|%an|%ae", "bench-data", cwd=bare).splitlines() == [
         "bench: aaaa1111 on NVIDIA H200 (29990101T100000Z_aaaa1111_gpu-box-2)|mlp-loadbench|mlp-loadbench@localhost",
-        "bench: aaaa1111 on NVIDIA H100 80GB HBM3 (29990101T100000Z_aaaa1111_gpu-box-1)|mlp-loadbench|mlp-loadbench@localhost",
+        "bench: aaaa1111 on NVIDIA H100 80GB HBM3 (29990101T100000Z_aaaa1111_gpu-box-1)"
+        "|mlp-loadbench|mlp-loadbench@localhost",
     ]
     assert git("status", "--porcelain", cwd=checkout) == "" and git("rev-parse", "HEAD", cwd=checkout) == head
     assert git("branch", "--list", "bench-data", cwd=checkout) == ""  # the caller's checkout is only read
@@ -109,7 +110,8 @@ def test_two_runners_share_one_history(tmp_path, bare, monkeypatch, capsys) -> N
     assert main(["pull", "--repo", "origin", "--out", str(tmp_path / "all")]) == 0
     table = capsys.readouterr().out
     assert "| nvidia-h100-80gb-hbm3 |      1 |" in table and "| nvidia-h200 " in table
-    assert sorted(p.relative_to(tmp_path / "all").as_posix() for p in (tmp_path / "all").rglob("*.json")) == branch_files(bare)
+    assert sorted(p.relative_to(tmp_path / "all").as_posix()
+                  for p in (tmp_path / "all").rglob("*.json")) == branch_files(bare)
     assert (tmp_path / "all" / branch_files(bare)[0]).read_bytes() == h100.read_bytes()  # the file as pushed
     assert main(["pull", "--repo", str(bare), "--out", str(tmp_path / "h200"), "--gpu", H200]) == 0
     assert [p.name for p in (tmp_path / "h200").rglob("*.json")] == ["29990101T100000Z_aaaa1111_gpu-box-2.json"]
@@ -267,14 +269,17 @@ def test_build_draws_one_section_per_gpu_model_from_the_branch(tmp_path, bare, m
     assert "| nvidia-h100-80gb-hbm3 |      2 |" in captured.out and "| nvidia-h200           |      1 |" in captured.out
     page = (site / "history.html").read_text()
     assert re.findall(r"<section id='gpu-[^']+'><h2>([^<]+)</h2>", page) == [H100, H200]  # the newest run's model first
-    assert "no series" not in captured.err and (site / "units.png").is_file()  # the newest run's series, from the branch
+    # the newest run's series, from the branch
+    assert "no series" not in captured.err and (site / "units.png").is_file()
     index = (site / "index.html").read_text()
     assert 'url=history.html"' in index and '<a href="history.html">' in index
 
     pr = write_run(tmp_path / "pr.json", H200, "9" * 8, "2999-01-04T10:00:00")  # a pull request's own run
-    assert main(["build", "--repo", str(bare), "--out", str(site), "--extra", str(pr), "--series-root", str(series)]) == 0
+    assert main(["build", "--repo", str(bare), "--out", str(site), "--extra", str(pr),
+                 "--series-root", str(series)]) == 0
     summary = (site / "summary.md").read_text()
-    assert summary.startswith(f"## mlp-loadbench: {H200}, 99999999 2999-01-04 10:00") and "4 run(s) in the history" in summary
+    assert (summary.startswith(f"## mlp-loadbench: {H200}, 99999999 2999-01-04 10:00")
+            and "4 run(s) in the history" in summary)
     page = (site / "history.html").read_text()
     assert re.findall(r"<section id='gpu-[^']+'><h2>([^<]+)</h2>", page) == [H200, H100]
 

@@ -93,7 +93,8 @@ def test_with_a_launch_hook_set_the_launcher_gets_the_tensors_and_their_metadata
     assert args[-3] is x and args[-2:] == (32, 16)
 
 
-@pytest.mark.parametrize("change", ["misaligned", "dtype", "int-class", "int-value", "int-one", "bool", "constexpr", "option"])
+@pytest.mark.parametrize("change", ["misaligned", "dtype", "int-class", "int-value", "int-one", "bool", "constexpr",
+                                    "option"])
 def test_anything_triton_specializes_on_takes_triton_s_path_again(stand_in, change) -> None:
     x = torch.zeros(64)
     base = dict(args=(x, 32), kwargs=dict(BLOCK=16, num_warps=4))
@@ -199,7 +200,8 @@ def test_a_version_string_becomes_major_and_minor(text, version) -> None:
 def test_the_triton_shims_run_on_the_oldest_and_newest_triton_supported_only() -> None:
     assert versions.triton_internals_fit((3, 6))  # the GPU hosts'
     assert versions.triton_internals_fit((3, 9))  # this repository's CPU tests'
-    assert versions.triton_internals_fit(versions.TRITON_OLDEST) and versions.triton_internals_fit(versions.TRITON_NEWEST)
+    assert (versions.triton_internals_fit(versions.TRITON_OLDEST)
+            and versions.triton_internals_fit(versions.TRITON_NEWEST))
     assert not versions.triton_internals_fit((3, 5))
     assert not versions.triton_internals_fit((3, 10))
     assert not versions.triton_internals_fit((4, 0))

@@ -91,7 +91,8 @@ def test_one_global_step_has_the_single_process_gradient(tmp_path) -> None:
 
 def test_the_record_gives_the_training_window_on_the_launchers_clock(tmp_path) -> None:
     before = time.perf_counter()
-    record = launch(TrainConfig(width=16, depth=1, epochs=2), 2, scale=SCALE, backend="gloo", timeout_s=180, workdir=tmp_path)
+    record = launch(TrainConfig(width=16, depth=1, epochs=2), 2, scale=SCALE, backend="gloo", timeout_s=180,
+                    workdir=tmp_path)
     after = time.perf_counter()
     begin, end = record["train_window"]
     assert before < begin < end < after
@@ -106,7 +107,8 @@ def test_final_weights_match_single_process_training(tmp_path) -> None:
 
 
 def test_ddp_records_say_which_loop_ran(tmp_path) -> None:
-    record = launch(TrainConfig(width=16, depth=1, epochs=1), 2, scale=SCALE, backend="gloo", timeout_s=180, workdir=tmp_path)
+    record = launch(TrainConfig(width=16, depth=1, epochs=1), 2, scale=SCALE, backend="gloo", timeout_s=180,
+                    workdir=tmp_path)
     assert (record["data_parallel"], record["loop"]) == ("ddp", "fast")
     profile = record["allreduce_profile"]
     assert profile["allreduce_calls"] > 0 and profile["steps"] > 0
@@ -302,7 +304,8 @@ def test_a_timed_out_run_reports_what_the_ranks_left(tmp_path, monkeypatch) -> N
     def hanging_ranks(command, **kwargs):
         out = command[command.index("--out") + 1]
         Path(f"{out}.rank1.err").write_text("RuntimeError: rank 1 gave up")
-        script = "echo 'Thread 0x1 (most recent call first):'; echo '  File \"x.py\", line 9 in release'; exec sleep 600"
+        script = ("echo 'Thread 0x1 (most recent call first):'; echo '  File \"x.py\", line 9 in release'; "
+                  "exec sleep 600")
         return real_popen(["sh", "-c", script], **kwargs)
 
     monkeypatch.setattr(distributed.subprocess, "Popen", hanging_ranks)
@@ -388,13 +391,15 @@ def test_a_hanging_nccl_graph_run_leaves_nothing_on_the_gpus(tmp_path) -> None:
 
 def test_a_failing_rank_ends_the_run_with_its_error(tmp_path) -> None:
     with pytest.raises(DistributedError, match=r"failed \(exit 1\)[\s\S]*missing.csv: no such file"):
-        launch(TrainConfig(epochs=1), 2, source=str(tmp_path / "missing.csv"), backend="gloo", timeout_s=120, workdir=tmp_path)
+        launch(TrainConfig(epochs=1), 2, source=str(tmp_path / "missing.csv"), backend="gloo", timeout_s=120,
+               workdir=tmp_path)
 
 
 @pytest.mark.parametrize("loop", ["fast", "graph"])
 def test_a_hanging_run_times_out_and_leaves_nothing_running(tmp_path, loop) -> None:
     with pytest.raises(DistributedError, match="timed out after 2 s; all ranks stopped"):
-        launch(TrainConfig(epochs=1000, width=64, loop=loop), 2, scale=SCALE, backend="gloo", timeout_s=2, workdir=tmp_path)
+        launch(TrainConfig(epochs=1000, width=64, loop=loop), 2, scale=SCALE, backend="gloo", timeout_s=2,
+               workdir=tmp_path)
     time.sleep(0.5)
     assert _count(f"model.distributed.*{tmp_path.name}") == 0
 
@@ -432,7 +437,8 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie is dead, waiting to be reaped
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher binds torchrun to its parent through prctl")
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="the launcher binds torchrun to its parent through prctl")
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_stopping_the_launching_process_stops_every_rank(tmp_path, how) -> None:
     script = (
@@ -494,7 +500,8 @@ def test_shards_cover_every_case_exactly_once(pytester) -> None:
 
 def test_shards_balanced_by_durations_cover_every_case_once(pytester) -> None:
     everything = collected(pytester)
-    slow = {"test_experiments.py::test_optimizer[opt-adagrad]": 120.0, "test_experiments.py::test_batch_size[batch-64]": 80.0}
+    slow = {"test_experiments.py::test_optimizer[opt-adagrad]": 120.0,
+            "test_experiments.py::test_batch_size[batch-64]": 80.0}
     run = {"benchmarks": [{"fullname": n, "stats": {"total": t}} for n, t in slow.items()],
            "machine_info": {RECORD_KEY: {}}}
     (pytester.path / "durations.json").write_text(json.dumps(run))
@@ -559,7 +566,8 @@ def test_merged_shards_read_like_one_run(inprocess_ready, pytester, tmp_path) ->
                              capture_output=True, text=True, check=True)
     assert "units-256" in compare.stdout
     written, warnings = build_report([merged], tmp_path / "report")
-    assert "units-128" in (tmp_path / "report" / "tables.md").read_text() or "128" in (tmp_path / "report" / "tables.md").read_text()
+    assert ("units-128" in (tmp_path / "report" / "tables.md").read_text()
+            or "128" in (tmp_path / "report" / "tables.md").read_text())
     with pytest.raises(MergeError, match="is also in"):
         merge_runs([shards[0], shards[0]])
 
@@ -568,10 +576,12 @@ def test_a_rank_that_dies_without_an_exception_is_reported_with_its_last_words()
     from model.distributed import failure_detail
 
     output = "\n".join(
-        ["epoch 1", "terminate called after throwing an instance of 'gloo::IoException'", "  what():  Connection closed by peer",
-         "Traceback (most recent call last):", "  File torchrun", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
-        + ["=" * 20, "model.distributed FAILED", "Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)",
-           "  exitcode  : -6 (pid: 31306)", "  traceback : Signal 6 (SIGABRT) received by PID 31306", "=" * 20]
+        ["epoch 1", "terminate called after throwing an instance of 'gloo::IoException'",
+         "  what():  Connection closed by peer", "Traceback (most recent call last):", "  File torchrun",
+         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
+        + ["=" * 20, "model.distributed FAILED", "Root Cause (first observed failure):",
+           "  rank      : 1 (local_rank: 1)", "  exitcode  : -6 (pid: 31306)",
+           "  traceback : Signal 6 (SIGABRT) received by PID 31306", "=" * 20]
     )
     detail = failure_detail(output)
     assert "what():  Connection closed by peer" in detail and "Signal 6 (SIGABRT)" in detail

@@ -231,7 +231,8 @@ def test_the_most_specific_level_wins(tmp_path, present) -> None:
 
 def test_floors_apply_only_to_the_dataset_they_were_set_for(tmp_path) -> None:
     path = tmp_path / "b.toml"
-    path.write_text('[datasets.synthetic.defaults]\naccuracy_min = 0.6\n[datasets."digits.csv".defaults]\naccuracy_min = 0.9\n')
+    path.write_text('[datasets.synthetic.defaults]\naccuracy_min = 0.6\n'
+                    '[datasets."digits.csv".defaults]\naccuracy_min = 0.9\n')
     budgets = Budgets.load(path)
     assert budgets.resolve("quick", "act", "act-sigmoid", "synthetic").accuracy_min == 0.6
     assert budgets.resolve("quick", "act", "act-sigmoid", "data/digits.csv").accuracy_min == 0.9

@@ -185,7 +185,8 @@ def test_pytest_benchmark_compare_reads_our_runs(bench, pytester) -> None:
     [
         ("[defaults]\naccuracy_mni = 0.5\n", "[defaults]: unknown key 'accuracy_mni' (did you mean 'accuracy_min'?)"),
         ('[cases."blocks-9"]\naccuracy_min = 0.5\n', "[cases.\"blocks-9\"]: unknown case id 'blocks-9'"),
-        ("[defaults]\naccuracy_min = 0.5\n", "accuracy_min is a floor or ceiling, which holds for one dataset: set it under [datasets.synthetic.defaults]"),
+        ("[defaults]\naccuracy_min = 0.5\n",
+         "accuracy_min is a floor or ceiling, which holds for one dataset: set it under [datasets.synthetic.defaults]"),
         ("[experiments.opt]\naccuracy_min = 'high'\n", "accuracy_min = 'high' must be a number"),
         ("[defaults]\naccuracy_min = 1.5\n", "accuracy_min = 1.5 must be between 0 and 1"),
         ("[profiles.fast.defaults]\naccuracy_min = 0.5\n", "unknown profile 'fast'"),
@@ -280,12 +281,14 @@ def test_out_of_memory_fails_the_case_with_its_configuration(bench, pytester) ->
         'pytest_plugins = ["bench.plugin"]\n'
         "import pytest, torch\nfrom model.train import Trainer\n"
         "@pytest.fixture(autouse=True)\ndef oom(monkeypatch):\n"
-        "    def fail(self, *a, **k):\n        raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 80 GiB')\n"
+        "    def fail(self, *a, **k):\n"
+        "        raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 80 GiB')\n"
         "    monkeypatch.setattr(Trainer, 'run_epoch', fail)\n"
     )
     result = bench(budgets="")
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["*blocks-2: out of GPU memory (batch 512, width 32, depth 2) on cpu: CUDA out of memory*"])
+    result.stdout.fnmatch_lines(
+        ["*blocks-2: out of GPU memory (batch 512, width 32, depth 2) on cpu: CUDA out of memory*"])
 
 
 def test_session_header_names_the_profile_and_why(pytester) -> None:
@@ -294,11 +297,13 @@ def test_session_header_names_the_profile_and_why(pytester) -> None:
     result.stdout.fnmatch_lines(["*mlp-loadbench: profile smoke (default for this machine)*"])
 
 
-def test_compare_with_a_baseline_stored_outside_the_checkout_and_other_settings(bench, pytester, tmp_path_factory) -> None:
+def test_compare_with_a_baseline_stored_outside_the_checkout_and_other_settings(bench, pytester,
+                                                                               tmp_path_factory) -> None:
     """The self-hosted workflow keeps its baselines outside the checkout: a baseline with
     other settings (here epochs) there is shown, not gated, and nothing crashes."""
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    bench("--benchmark-autosave", f"--benchmark-storage={elsewhere}", "--epochs=3", budgets="").assert_outcomes(passed=2)
+    bench("--benchmark-autosave", f"--benchmark-storage={elsewhere}", "--epochs=3",
+          budgets="").assert_outcomes(passed=2)
     (run,) = sorted(elsewhere.glob("*/*.json"))
     for compare in (f"--benchmark-compare={run}", "--benchmark-compare=0001"):
         result = bench(f"--benchmark-storage={elsewhere}", compare, "--epochs=4", budgets="")
@@ -351,7 +356,8 @@ def test_ctrl_c_saves_the_finished_cases_and_says_so(bench, pytester, save) -> N
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert "min() arg is an empty sequence" not in output and "INTERNALERROR" not in output
-    result.stdout.fnmatch_lines(["*mlp-loadbench: interrupted: saved the finished cases; left out *test_other (cut short)"])
+    result.stdout.fnmatch_lines(
+        ["*mlp-loadbench: interrupted: saved the finished cases; left out *test_other (cut short)"])
     saved = pytester.path / "out.json" if "json" in save else saved_runs(pytester)[0]
     names = [b["name"] for b in json.loads(saved.read_text())["benchmarks"]]
     assert names == ["test_small"]
@@ -385,7 +391,8 @@ def test_a_users_dataset_gets_no_floors_set_for_the_embedded_data(bench, pyteste
     floors = '[datasets.synthetic.defaults]\naccuracy_min = 0.99\n'
     result = bench(budgets=floors)
     result.assert_outcomes(passed=2)  # 0.99 was set for the generator, not for tiny.csv
-    result.stdout.fnmatch_lines(["*no floors or ceilings for dataset 'tiny.csv' in *budgets.toml (it sets them for: synthetic)*"])
+    result.stdout.fnmatch_lines(
+        ["*no floors or ceilings for dataset 'tiny.csv' in *budgets.toml (it sets them for: synthetic)*"])
     result.stdout.fnmatch_lines(["*profile smoke: every frame of tiny.csv, 8 epochs*"])
 
 
@@ -429,7 +436,8 @@ def test_traced_regression_names_the_op_that_grew(bench, pytester, monkeypatch) 
     monkeypatch.setenv("PLANTED_EPOCH_S", "0.15")
     result = bench(f"--benchmark-compare={saved_runs(pytester)[0]}", "--kernel-trace", "-k", "test_small", budgets=GATE)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*epoch_time_ratio = 1.5 breaks*", "*kernels that grew most:*", "*aten::cumsum (new:*"])
+    result.stdout.fnmatch_lines(["*epoch_time_ratio = 1.5 breaks*", "*kernels that grew most:*",
+                                 "*aten::cumsum (new:*"])
 
 
 def test_cold_caches_are_emptied_for_the_session_and_stated(bench, pytester, tmp_path, monkeypatch) -> None:
@@ -444,7 +452,8 @@ def report_cache_dirs(request):
 """)
     result = bench("--cold-caches", "--benchmark-json=out.json", "-s", budgets="")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*1st epoch s: compilation and capture included; Triton/Inductor caches cold (emptied for this session)*"])
+    result.stdout.fnmatch_lines(
+        ["*1st epoch s: compilation and capture included; Triton/Inductor caches cold (emptied for this session)*"])
     line = next(line for line in result.stdout.lines if "CACHES" in line)
     triton_dir = line.split()[-2]
     assert "loadbench-caches-" in triton_dir and "users-triton-cache" not in triton_dir

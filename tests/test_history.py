@@ -126,9 +126,11 @@ def test_the_page_is_self_contained_with_plotly_embedded_once(report) -> None:
 
 def test_one_section_per_gpu_model_newest_first(report) -> None:
     text = page(report)
-    assert re.findall(r"<section id='([^']+)'><h2>([^<]+)</h2>", text) == [("gpu-nvidia-h200", H200), ("gpu-nvidia-h100-80gb-hbm3", H100)]
+    assert re.findall(r"<section id='([^']+)'><h2>([^<]+)</h2>", text) == [("gpu-nvidia-h200", H200),
+                                                                           ("gpu-nvidia-h100-80gb-hbm3", H100)]
     h100 = section_of(text, H100)
-    assert "1 run(s)" in h100 and "none between runs with the same settings on this GPU" in h100  # 3x slower than H200: not judged
+    # 3x slower than H200: not judged
+    assert "1 run(s)" in h100 and "none between runs with the same settings on this GPU" in h100
 
 
 def test_one_chart_per_metric_with_data_and_a_line_per_case_in_study_order(report) -> None:
@@ -174,8 +176,10 @@ def test_an_unmeasured_value_is_no_point_not_zero(report) -> None:
 
 def test_regressions_are_marked_and_listed_with_the_rule(report) -> None:
     h200 = section_of(page(report), H200)
-    rows = re.findall(r"<tr class='regressed' data-case='([^']+)' data-experiment='([^']+)'>(.*?)</tr>", h200, re.DOTALL)
-    cells = [(case, [htmlmod.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", body, re.DOTALL)]) for case, _, body in rows]
+    rows = re.findall(r"<tr class='regressed' data-case='([^']+)' data-experiment='([^']+)'>(.*?)</tr>", h200,
+                      re.DOTALL)
+    cells = [(case, [htmlmod.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", body, re.DOTALL)])
+             for case, _, body in rows]
     # newest first, then the study's order: units-1024 before act-sigmoid
     assert [(case, c[0], c[3]) for case, c in cells] == [
         ("units-1024", "c0000004", "median_epoch_s"), ("act-sigmoid", "c0000003", "accuracy"),
@@ -195,13 +199,14 @@ def test_the_summary_is_an_html_table_in_study_order(report) -> None:
     text = page(report)
     table = re.search(r"<table class='summary'>(.*?)</table>", text, re.DOTALL).group(1)
     assert "<pre>" not in text
-    assert re.findall(r"<th>([^<]+)</th>", table) == ["case", "s/epoch", "accuracy", "macro-F1", "vs previous comparable run"]
+    assert re.findall(r"<th>([^<]+)</th>", table) == ["case", "s/epoch", "accuracy", "macro-F1",
+                                                      "vs previous comparable run"]
     rows = re.findall(r"<tr( class=regressed)?><td>([^<]+)</td>", table)
     assert [case for _, case in rows] == CASES
     assert {case for marked, case in rows if marked} == {"units-1024"}
     markdown = (report[0] / "summary.md").read_text()  # still written, for the CI job summary
-    assert [line.split("|")[1].strip() for line in markdown.splitlines() if line.startswith("| ") and "-" in line.split("|")[1]
-            and not line.startswith("| case")] == CASES
+    assert [line.split("|")[1].strip() for line in markdown.splitlines()
+            if line.startswith("| ") and "-" in line.split("|")[1] and not line.startswith("| case")] == CASES
 
 
 def test_the_selects_list_experiments_and_cases_in_study_order(report) -> None:
@@ -215,7 +220,8 @@ def test_the_selects_list_experiments_and_cases_in_study_order(report) -> None:
 
 
 def test_study_order_sorts_numbers_by_value_and_unknown_ids_last() -> None:
-    shuffled = ["opt-adam", "units-2048", "zeta-1", "batch-64", "units-128", "units-4096", "blocks-5", "act-silu", "act-relu"]
+    shuffled = ["opt-adam", "units-2048", "zeta-1", "batch-64", "units-128", "units-4096", "blocks-5", "act-silu",
+                "act-relu"]
     assert sorted(shuffled, key=study_order) == ["blocks-5", "units-128", "units-2048", "units-4096", "batch-64",
                                                  "act-relu", "act-silu", "opt-adam", "zeta-1"]
 
@@ -229,7 +235,8 @@ window.addEventListener("load", function () {
   var div = document.getElementById("gpu-nvidia-h200-median_epoch_s");
   var mark = div.data.findIndex(function (t) { return t.name === "units-1024 regression"; });
   Plotly.Fx.hover(div, [{curveNumber: mark, pointNumber: 0}]);
-  out.hover = Array.from(div.querySelectorAll(".hoverlayer text")).map(function (e) { return e.textContent; }).join(" ");
+  out.hover = Array.from(div.querySelectorAll(".hoverlayer text"))
+    .map(function (e) { return e.textContent; }).join(" ");
   var root = document.getElementById("gpu-nvidia-h200");
   root.querySelector("select[name=case]").value = "units-1024";
   lbPick("gpu-nvidia-h200", "case");
@@ -246,7 +253,8 @@ def chromium() -> str | None:
                  if (found := shutil.which(name))), None)
 
 
-@pytest.mark.skipif(chromium() is None, reason="no chromium binary on PATH (apt-get install chromium) to open the page in")
+@pytest.mark.skipif(chromium() is None,
+                    reason="no chromium binary on PATH (apt-get install chromium) to open the page in")
 def test_the_page_renders_and_responds_in_a_real_browser(report, tmp_path) -> None:
     """Headless chromium, offline: every chart is drawn (Plotly's main-svg), hovering a
     regression shows its commit and rule, picking a case leaves only its lines and rows."""
@@ -302,7 +310,8 @@ def test_a_planted_run_is_drawn_apart_marked_and_not_flagged(tmp_path) -> None:
     assert list(planted.x) == [2] and planted.showlegend is False and planted.marker.symbol.endswith("-open")
     assert planted.name == "units-1024 (planted +150% (host))" and planted.legendgroup == "units-1024"
     assert "not gated: no earlier run with the same settings (plant 150%:host" in planted.customdata[0][3]
-    assert line.customdata[-1][3].endswith(" vs c0000001 2999-01-02 10:00:00")  # the run after it is judged against the unplanted one
+    # the run after it is judged against the unplanted one
+    assert line.customdata[-1][3].endswith(" vs c0000001 2999-01-02 10:00:00")
     assert "planted +150% (host)" in fig.layout.xaxis.ticktext[2] and "planted" not in fig.layout.xaxis.ticktext[3]
     h200 = section_of(text, H200)
     listed = re.search(r"<ul class='note other-settings'>(.*?)</ul>", h200, re.DOTALL).group(1)
@@ -326,7 +335,8 @@ def test_reruns_of_a_commit_are_told_apart_on_the_x_axis(tmp_path) -> None:
 
 
 def test_a_metric_spanning_more_than_ten_times_gets_a_log_axis(tmp_path) -> None:
-    paths = [write_run(tmp_path, 0, H200, {"units-2048": {"slower": 12.0}}), write_run(tmp_path, 1, H200, {"units-2048": {"slower": 12.0}})]
+    paths = [write_run(tmp_path, 0, H200, {"units-2048": {"slower": 12.0}}),
+             write_run(tmp_path, 1, H200, {"units-2048": {"slower": 12.0}})]
     runs, _ = load_runs(paths)
     section = sections(runs, Budgets.load(write_budgets(tmp_path)))[0]
     time = metric_figure(section, "median_epoch_s", METRICS["median_epoch_s"])
@@ -340,6 +350,7 @@ def test_the_charts_keep_their_small_margins(report) -> None:
     fig = metric_figure(section, "median_epoch_s", METRICS["median_epoch_s"])
     margin = fig.layout.margin
     assert (margin.l, margin.r, margin.t, margin.b) == (60, 10, 30, 10)
-    assert fig.layout.xaxis.automargin is True and fig.layout.yaxis.automargin is True  # grown only where labels need it
+    # grown only where labels need it
+    assert fig.layout.xaxis.automargin is True and fig.layout.yaxis.automargin is True
     charts = len(plotted(page(report)))
     assert page(report).count('"margin":{"l":60,"r":10,"t":30,"b":10}') == charts  # every chart on the page

@@ -108,7 +108,8 @@ def test_measure_keeps_every_call_where_calls_are_fast(data, monkeypatch):
 def test_measure_with_a_planted_clock(data):
     model = MLP(75, 32, 2, 10).eval()
     result = measure(model, data, CPU, latency_calls=20, batches=(64, 128), clock=stepping_clock(0.1))
-    assert result["latency_eager_s"] == {"p50": pytest.approx(0.1), "p99": pytest.approx(0.1), "max": pytest.approx(0.1)}
+    assert result["latency_eager_s"] == {"p50": pytest.approx(0.1), "p99": pytest.approx(0.1),
+                                         "max": pytest.approx(0.1)}
     assert result["latency_graph_s"] is None and "GPU" in result["unavailable"]["latency_graph_s"]
     # 0.1 s per reading: 3 calls of batch 64 between two readings
     assert result["throughput"] == {"64": pytest.approx(3 * 64 / 0.1), "128": pytest.approx(3 * 128 / 0.1)}
@@ -134,7 +135,8 @@ def test_latency_is_timed_with_the_garbage_collector_paused(data):
         return [5e-6] * count
 
     assert gc.isenabled()
-    measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1), latency_timer=timer)
+    measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
+            latency_timer=timer)
     assert seen == [False] and gc.isenabled()  # paused for the timer, back on after
 
 
@@ -296,7 +298,8 @@ def test_the_triton_impl_records_its_forward_routes(data, monkeypatch, tmp_path,
         assert result["routes"]["1"] == [
             "1x10x32: gemv 1x16x16 w4 (table)", "1x32x32: gemv 1x16x16 w4 (table)", "1x32x75: gemv 1x16x16 w4 (table)"
         ]
-    assert result["routes"]["64"] and all("gemv" not in line and "one launch" not in line for line in result["routes"]["64"])
+    assert result["routes"]["64"] and all("gemv" not in line and "one launch" not in line
+                                          for line in result["routes"]["64"])
     assert result["accuracy"] == pytest.approx(float((model(data.x_test).argmax(1) == data.y_test).float().mean()))
     assert measure(model, data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1))["routes"] is None
 

@@ -158,7 +158,8 @@ def test_bf16_and_tf32_tolerances(activation) -> None:
                                                   "hence 3xTF32 is the default strict-fp32 mode")),
     "tf32x3",
 ])
-@pytest.mark.parametrize("shape", [(512, 512, 512), (512, 2048, 2048), (4096, 75, 512)], ids=["hidden", "wide", "first-layer"])
+@pytest.mark.parametrize("shape", [(512, 512, 512), (512, 2048, 2048), (4096, 75, 512)],
+                         ids=["hidden", "wide", "first-layer"])
 def test_strict_fp32_modes_against_float64(monkeypatch, mode, shape) -> None:
     """Both strict-fp32 paths, no absolute floor: the 1.5x bound against cuBLAS's IEEE
     error alone decides whether a mode may stand for 'fp32'."""
@@ -232,7 +233,8 @@ def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
 def test_shape_classes_round_up_to_powers_of_two() -> None:
     from kernels.plan.launch_plan import shape_key
 
-    assert shape_key("fwd", 512, 10, 2048, torch.float32, "tf32x3", "identity") == "fwd:float32:tf32x3:identity:512:16:2048"
+    assert (shape_key("fwd", 512, 10, 2048, torch.float32, "tf32x3", "identity")
+            == "fwd:float32:tf32x3:identity:512:16:2048")
     assert shape_key("dw", 2048, 75, 64, torch.bfloat16, "ieee", "silu") == "dw:bfloat16:ieee:silu:2048:128:64"
 
 
@@ -274,7 +276,8 @@ def test_tuning_runs_split_over_gpus_merge_into_one_table(tmp_path) -> None:
         config = {"block_r": block, "block_c": 64, "block_red": 16, "num_warps": 4, "num_stages": 3, "group": 8}
         return {"ms": ms, "heuristic_ms": 2 * ms, "config": config, "shape": [512, 512, 512]}
 
-    write_table(str(tmp_path / "a.json"), "GPU X", {"fwd:float32:512:512": entry(0.02, 32), "dw:float32:512:512": entry(0.01, 64)})
+    write_table(str(tmp_path / "a.json"), "GPU X",
+                {"fwd:float32:512:512": entry(0.02, 32), "dw:float32:512:512": entry(0.01, 64)})
     write_table(str(tmp_path / "b.json"), "GPU X", {"dw:float32:512:512": entry(0.03, 128)})
     out = tmp_path / "table.json"
     assert main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)]) == 0
@@ -319,7 +322,8 @@ def test_a_first_use_cache_becomes_the_table_with_its_own_versions(tmp_path) -> 
 
 @pytest.mark.parametrize(
     "content",
-    ['{"format": 1}', '{"groups": {"GPU Y": {}}}', '{"groups": {"GPU Y | triton 3 | torch 2": {"k": {"ms": 1}}}}', "{oops"],
+    ['{"format": 1}', '{"groups": {"GPU Y": {}}}', '{"groups": {"GPU Y | triton 3 | torch 2": {"k": {"ms": 1}}}}',
+     "{oops"],
 )
 def test_a_file_that_is_not_a_tuning_cache_is_named_and_nothing_written(tmp_path, capsys, content) -> None:
     from bench.tools.tune import main
@@ -340,7 +344,8 @@ def test_bias_gradient_over_a_long_batch_is_as_accurate_as_torch() -> None:
     dy = dy * 100 + 1  # same-signed, large terms: the case where a plain running sum drifts
     ours = run(lambda x, w, b: linear_act(x, w, b, "leaky_relu"), x, w, b, dy)[3]
     eager = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x, w, b, dy)[3]
-    exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(), dy.double())[3]
+    exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(),
+                dy.double())[3]
     ours_err, torch_err = ((g.double() - exact).pow(2).mean().sqrt().item() for g in (ours, eager))
     assert ours_err <= torch_err, (ours_err, torch_err)
 
@@ -403,7 +408,8 @@ def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launche
     ours = run(lambda x, w, b: linear_act(x, w, b, "leaky_relu"), x, w, b, dy)[3]
     launches._FORCED.clear()
     eager = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x, w, b, dy)[3]
-    exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(), dy.double())[3]
+    exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(),
+                dy.double())[3]
     ours_err, torch_err = ((g.double() - exact).pow(2).mean().sqrt().item() for g in (ours, eager))
     assert ours_err <= torch_err, (ours_err, torch_err)
 
@@ -426,7 +432,8 @@ CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
 def test_cublas_route_matches_torch(launches, activation) -> None:
     """torch.mm plus our epilogue (bias + activation) and prologue (dZ, db) kernels."""
     torch.set_float32_matmul_precision("highest")
-    launches.reset_launch_state(mode="off", tables=table_for({"fwd": CUBLAS, "dw": CUBLAS, "dx": CUBLAS}, 48, 40, 33, activation))
+    launches.reset_launch_state(mode="off",
+                                tables=table_for({"fwd": CUBLAS, "dw": CUBLAS, "dx": CUBLAS}, 48, 40, 33, activation))
     check_against_float64(48, 40, 33, activation, torch.float32)
     report = launches.launch_report()
     assert {e["kernel"]: (e["source"], e["route"]) for e in report} == {
@@ -572,7 +579,8 @@ def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
     launches.reset_launch_state(mode="always", cache_dir=tmp_path / "cache")
     check_against_float64(512, 256, 512, "silu", torch.float32)
     report = launches.launch_report()
-    assert {e["kernel"] for e in report if e["source"] == "tuned" and e["shape"] == [512, 512, 256]} == {"fwd", "dw", "dx"}
+    assert {e["kernel"] for e in report
+            if e["source"] == "tuned" and e["shape"] == [512, 512, 256]} == {"fwd", "dw", "dx"}
     assert (tmp_path / "cache" / "launch-cache.json").is_file()
     model = MLP(75, 256, 2, 10, "silu", impl="triton").cuda()
     static_x = torch.randn(256, 75, device="cuda")
@@ -587,7 +595,8 @@ def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
 
 @gpu
 @needs_gpu
-def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalist(launches, tmp_path, monkeypatch) -> None:
+def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalist(launches, tmp_path,
+                                                                                  monkeypatch) -> None:
     """Kernels tuned to the cuBLAS route with a fused finalist close behind: eager calls
     (forward, and backward on autograd's thread) launch the fused kernels, a CUDA graph
     captured from the same code after a warm-up the cuBLAS route (the GPU-time
@@ -605,7 +614,8 @@ def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalis
     launches.reset_launch_state(cache_dir=tmp_path / "cache", tables={}, measure=measure, host_call_ms=0.01)
     names: list[str] = []
     real = op._launch_direct
-    monkeypatch.setattr(op, "_launch_direct", lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
+    monkeypatch.setattr(op, "_launch_direct",
+                        lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
     x, w, b, dy = (t.requires_grad_(i < 3) for i, t in enumerate(inputs(256, 128, 128, torch.float32)))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -621,7 +631,8 @@ def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalis
         static_y = linear_act(x, w, b, "leaky_relu")
         static_y.backward(dy)
     graph.replay()
-    report = [(e["kernel"], e["route"], e.get("eager", {}).get("route"), e.get("note")) for e in launches.launch_report()]
+    report = [(e["kernel"], e["route"], e.get("eager", {}).get("route"), e.get("note"))
+              for e in launches.launch_report()]
     assert names == ["_bias_act_kernel", "_act_grad_kernel"], (names, report)
     torch.testing.assert_close(static_y, eager_y, rtol=1e-5, atol=1e-5)
 
@@ -639,7 +650,8 @@ def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_pat
     prec, cls = plan.precision_for(f32), plan.activation_class("silu")
     entries = {
         plan.shape_key("fwd", m, n, k, f32, prec, cls): {"config": dataclasses.asdict(CUBLAS), "ms": 0.01},
-        plan.shape_key("dw", n, k, m, f32, prec, cls): {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},
+        plan.shape_key("dw", n, k, m, f32, prec, cls):
+            {"config": dataclasses.asdict(LaunchConfig(16, 16, 16, 4, 3, split_k=2)), "ms": 0.02},
     }
     model = torch.cuda.get_device_name() if CUDA else "cpu"  # the table's key: this device's model
     write_table(str(tmp_path / "table.json"), model, entries)
@@ -648,7 +660,8 @@ def test_a_table_written_by_the_tuner_holds_routes_and_is_used(launches, tmp_pat
     launches.reset_launch_state(mode="off", tables=written)
     check_against_float64(m, k, n, "silu", f32)
     got = {e["kernel"]: (e["source"], e["route"]) for e in launches.launch_report()}
-    assert got == {"fwd": ("table", "cublas+epilogue"), "dw": ("table", "triton split-K 2"), "dx": ("heuristic", "triton")}
+    assert got == {"fwd": ("table", "cublas+epilogue"), "dw": ("table", "triton split-K 2"),
+                   "dx": ("heuristic", "triton")}
 
 
 # ------------------------------------------------------------------ the layer stack

@@ -82,7 +82,8 @@ def test_a_process_tree_counts_the_work_of_child_processes() -> None:
     alone.stop()
     # CPU seconds each monitor saw over its window (mean % of one core x window). Both
     # see this process alike; only the tree sees the child's 1.5 CPU seconds.
-    seconds = [summarize_monitor(m, 1)["fields"]["cpu_process"]["mean"] * m.cores / 100 * m.elapsed for m in (tree, alone)]
+    seconds = [summarize_monitor(m, 1)["fields"]["cpu_process"]["mean"] * m.cores / 100 * m.elapsed
+               for m in (tree, alone)]
     assert seconds[0] - seconds[1] > 1.0
 
 
@@ -96,7 +97,8 @@ def test_series_writers_never_share_a_temporary_file(tmp_path) -> None:
     (tmp_path / "test_units_units-128.csv.partial").mkdir()  # another writer's file, in the way
     write_series(target, [{"t": 0.0, "cpu_process": 12.5}, {"t": 0.1, "cpu_process": None}])
     assert read_series(target)["cpu_process"][0] == 12.5
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_units_units-128.csv", "test_units_units-128.csv.partial"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_units_units-128.csv",
+                                                          "test_units_units-128.csv.partial"]
 
 
 def _wait_until(condition, timeout_s: float = 30.0) -> None:

@@ -68,7 +68,8 @@ def test_the_output_may_not_be_a_shard(tmp_path: Path) -> None:
                           capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     err = one_line(done.stderr)
-    assert err == f"mlp-loadbench merge: {shards[0]}: the output is also a shard and would be overwritten; name a new file to write\n"
+    assert err == (f"mlp-loadbench merge: {shards[0]}: the output is also a shard and would be overwritten; "
+                   "name a new file to write\n")
     assert done.stdout == ""
     assert snapshot(tmp_path) == before
 
@@ -96,7 +97,8 @@ def test_the_output_given_as_a_link_to_a_shard_is_refused(tmp_path: Path, capsys
     assert snapshot(tmp_path) == before
 
 
-def test_an_output_that_is_a_folder_is_refused_before_the_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_that_is_a_folder_is_refused_before_the_work(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """`merge SOMEDIR shard ...` used to merge and then stop on IsADirectoryError."""
     shards = write_shards(tmp_path, shard_run(1), shard_run(2))
     folder = tmp_path / "runs"
@@ -104,7 +106,8 @@ def test_an_output_that_is_a_folder_is_refused_before_the_work(tmp_path: Path, c
     before = snapshot(tmp_path)
     assert merge_main([str(folder), *map(str, shards)]) == 2
     err = one_line(capsys.readouterr().err)
-    assert err == f"mlp-loadbench merge: {folder}: the output is a folder or other non-file; name a file to write the merged run to\n"
+    assert err == (f"mlp-loadbench merge: {folder}: the output is a folder or other non-file; "
+                   "name a file to write the merged run to\n")
     assert snapshot(tmp_path) == before
 
 
@@ -134,7 +137,8 @@ def test_an_output_in_a_read_only_folder_is_refused(tmp_path: Path, capsys: pyte
 
 
 @pytest.mark.parametrize("bad", ["folder", "missing"])
-def test_a_shard_that_is_not_a_readable_file_is_refused(tmp_path: Path, bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_shard_that_is_not_a_readable_file_is_refused(tmp_path: Path, bad: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     shards = write_shards(tmp_path, shard_run(1), shard_run(2))
     odd = tmp_path / "shard-3"
     if bad == "folder":
@@ -142,13 +146,15 @@ def test_a_shard_that_is_not_a_readable_file_is_refused(tmp_path: Path, bad: str
     before = snapshot(tmp_path)
     assert merge_main([str(tmp_path / "merged.json"), *map(str, shards), str(odd)]) == 2
     err = one_line(capsys.readouterr().err)
-    expected = "shard is not a regular file but a folder" if bad == "folder" else "shard cannot be read: No such file or directory"
+    expected = ("shard is not a regular file but a folder" if bad == "folder"
+                else "shard cannot be read: No such file or directory")
     assert err == f"mlp-loadbench merge: {odd}: {expected}\n"
     assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("without", [1, 2])
-def test_a_run_without_settings_names_the_file_and_key(tmp_path: Path, without: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_without_settings_names_the_file_and_key(tmp_path: Path, without: int,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """A run without machine_info.loadbench.settings used to end in a KeyError traceback."""
     runs = [shard_run(1, None if without == 1 else SETTINGS), shard_run(2, None if without == 2 else SETTINGS)]
     shards = write_shards(tmp_path, *runs)
@@ -170,7 +176,8 @@ def test_runs_without_settings_fail_as_a_command_too(tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
-def test_a_benchmark_without_fullname_names_the_file_and_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_benchmark_without_fullname_names_the_file_and_index(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     second = shard_run(2)
     del second["benchmarks"][0]["fullname"]
     shards = write_shards(tmp_path, shard_run(1), second)

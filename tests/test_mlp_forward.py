@@ -131,7 +131,8 @@ def _epochs(slot: int | None = None) -> set[int]:
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("widths", [[75, 512, 512, 512, 10], [75, 1024, 1024, 1024, 1024, 1024, 10]], ids=["optimal", "widest-deepest"])
+@pytest.mark.parametrize("widths", [[75, 512, 512, 512, 10], [75, 1024, 1024, 1024, 1024, 1024, 10]],
+                         ids=["optimal", "widest-deepest"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu_every_program_waits_for_the_layer(widths, dtype) -> None:
     """A program per SM, tagged hand-overs between layers: each launch moves every
@@ -170,8 +171,9 @@ def test_on_the_gpu_no_launch_reads_another_launchs_words(monkeypatch) -> None:
     captured on the first ones: every output matches torch's, eagerly and replayed."""
     monkeypatch.setattr(mlp_forward, "_EPOCHS", {})
     monkeypatch.setattr(mlp_forward, "_SCRATCH", {})
+    # six layers of 512: 5 x 512 scratch words, more than the first rows hold
     shapes = [[75, 512, 512, 512, 10], [75, 256, 1024, 10], [75, 512, 512, 512, 512, 512, 10], [75, 128, 128, 10],
-              [75, 1024, 1024, 1024, 1024, 10]]  # six layers of 512: 5 x 512 scratch words, more than the first rows hold
+              [75, 1024, 1024, 1024, 1024, 10]]
     nets = [network(widths, seed=i) for i, widths in enumerate(shapes)]
     acts = {len(ws): ["leaky_relu"] * (len(ws) - 1) + ["identity"] for ws, _ in nets}
     xs = torch.randn(600, 75, device="cuda")

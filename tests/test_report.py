@@ -90,7 +90,8 @@ def test_tables_figures_history_and_summary(storage, tmp_path) -> None:
     tables = (tmp_path / "tables.md").read_text()
     assert "## hidden units" in tables and "| 128 " in tables and "Accuracy" in tables
     html = (tmp_path / "history.html").read_text()
-    assert len(re.findall(r"\* plotly\.js v\d", html)) == 1 and not re.search(r"<script[^>]+src=", html)  # self-contained
+    # self-contained
+    assert len(re.findall(r"\* plotly\.js v\d", html)) == 1 and not re.search(r"<script[^>]+src=", html)
     assert "<section id='gpu-no-gpu'><h2>no GPU</h2>" in html and "<table class='summary'>" in html
     assert "no energy per epoch in these runs: device is cpu" in html  # said, not an empty chart
     summary = (tmp_path / "summary.md").read_text()
@@ -126,13 +127,15 @@ def test_epoch_ends_thin_out_when_epochs_outpace_the_monitor() -> None:
     columns = {"epoch": [-1, -1, 0, 0, 1, 2, 3, 5, float("nan"), 6, 0, 1]}  # a new round restarts at 0
     assert epoch_ends(columns) == [2, 4, 5, 6, 7, 10, 11]
     assert epoch_ends(columns, every=2) == [4, 6, 7, 10, 11]  # where 2, 4, 6 epochs were done, and the new round
-    fig = resource_figure("loop", {"loop-graph": {"t": [0.1 * i for i in range(400)], "epoch": [float(i) for i in range(400)],
+    fig = resource_figure("loop", {"loop-graph": {"t": [0.1 * i for i in range(400)],
+                                                  "epoch": [float(i) for i in range(400)],
                                                   "cpu_process": [50.0] * 400}}, window=50)
     assert len(fig.axes[0].lines[0].get_markevery()) <= 40 and "every 10 epochs" in fig.axes[0].get_xlabel()
 
 
 def test_a_resource_figure_with_nothing_measured_says_so() -> None:
-    fig = resource_figure("hidden units", {"units-128": {"t": [0.1, 0.2], "epoch": [0.0, 1.0], "cpu_process": [math.nan] * 2}}, 50)
+    fig = resource_figure("hidden units",
+                          {"units-128": {"t": [0.1, 0.2], "epoch": [0.0, 1.0], "cpu_process": [math.nan] * 2}}, 50)
     assert [t.get_text() for t in fig.axes[0].texts] == ["no resource samples in these series"]
     assert len(fig.axes[0].lines) == 0 and len(fig.axes[0].get_yticks()) == 0
 
@@ -296,7 +299,8 @@ def _traced(samples: list[float], kernels: dict[str, tuple[float, float]]):
     """Epoch times and a kernel table (name -> calls, µs per epoch) for every case."""
     def change(info: dict) -> None:
         _set_epochs(info, samples)
-        info["kernel_trace"] = KernelTable.from_totals("cuda", 3, {k: (3 * c, 3 * us) for k, (c, us) in kernels.items()}).to_dict()
+        info["kernel_trace"] = KernelTable.from_totals(
+            "cuda", 3, {k: (3 * c, 3 * us) for k, (c, us) in kernels.items()}).to_dict()
 
     return change
 
@@ -307,7 +311,8 @@ def test_a_traced_regression_lists_the_kernels_that_grew(storage, tmp_path) -> N
     paths, budgets = _two_runs(storage, tmp_path, _traced(STEADY, before), _traced([3 * s for s in STEADY], after))
     build_report(paths, tmp_path / "out", budgets_path=budgets)
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "kernels that grew most:" in summary and "+40000 µs/epoch  planted_spin_kernel (new: 159 calls/epoch)" in summary
+    assert ("kernels that grew most:" in summary
+            and "+40000 µs/epoch  planted_spin_kernel (new: 159 calls/epoch)" in summary)
 
 
 def test_a_slowdown_the_gate_passes_is_not_marked_by_the_report(storage, tmp_path) -> None:
@@ -407,7 +412,8 @@ def _shuffled_run(storage: Path, tmp_path: Path, name: str, cases: list[str], **
     return path
 
 
-SORTED_STRINGS = ["batch-128", "batch-256", "batch-512", "batch-64", "blocks-2", "units-1024", "units-128", "units-2048"]
+SORTED_STRINGS = ["batch-128", "batch-256", "batch-512", "batch-64", "blocks-2", "units-1024", "units-128",
+                  "units-2048"]
 STUDY = ["blocks-2", "units-128", "units-1024", "units-2048", "batch-64", "batch-128", "batch-256", "batch-512"]
 
 
@@ -415,7 +421,8 @@ def test_tables_and_summary_list_cases_in_study_order(storage, tmp_path) -> None
     run = _shuffled_run(storage, tmp_path, "0001_run.json", SORTED_STRINGS)
     build_report([run], tmp_path / "out")
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("| ") and "case" not in line] == STUDY
+    assert [line.split("|")[1].strip() for line in summary.splitlines()
+            if line.startswith("| ") and "case" not in line] == STUDY
     tables = (tmp_path / "out" / "tables.md").read_text()
     assert re.findall(r"^## (.+)$", tables, re.MULTILINE) == ["hidden blocks", "hidden units", "batch size"]
     rows: dict[bool, list[str]] = {False: [], True: []}  # the study's tables, the step-bound tables
@@ -561,12 +568,14 @@ def test_a_run_with_other_epochs_is_not_judged_against_the_runs_before(tmp_path)
 
 def test_an_unplanted_run_is_judged_against_the_unplanted_run_before_the_planted_one(tmp_path) -> None:
     # Against the planted run (2.5x) a 2.5x slower run looks steady; against its like it is 2.5x slower.
-    paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1, slower=2.5, plant="150%:host"), _synthetic(tmp_path, 2, slower=2.5)]
+    paths = [_synthetic(tmp_path, 0), _synthetic(tmp_path, 1, slower=2.5, plant="150%:host"),
+             _synthetic(tmp_path, 2, slower=2.5)]
     budgets = _budgets(tmp_path)
     build_report(paths, tmp_path / "out", budgets_path=budgets)
     assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "REGRESSED: median_epoch_s")
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "Judged against c0000000 2999-01-01 10:00:00, the newest earlier run on this GPU with the same settings" in summary
+    assert ("Judged against c0000000 2999-01-01 10:00:00, the newest earlier run on this GPU with the same settings"
+            in summary)
     gate = _gate([paths[0], paths[2]], budgets)
     assert f"- units-128, median_epoch_s: {gate['units-128'][0]}" in summary  # the gate's own message
 
@@ -576,7 +585,8 @@ def test_planted_runs_are_judged_against_runs_planted_alike(tmp_path) -> None:
              _synthetic(tmp_path, 3, slower=2.5, plant="150%:host")]
     build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
     assert _verdicts(tmp_path / "out") == dict.fromkeys(CASE_IDS, "ok")
-    assert "Judged against c0000001 2999-01-02 10:00:00, planted +150% (host), the newest" in (tmp_path / "out" / "summary.md").read_text()
+    assert ("Judged against c0000001 2999-01-02 10:00:00, planted +150% (host), the newest"
+            in (tmp_path / "out" / "summary.md").read_text())
 
 
 def test_a_real_slowdown_between_runs_with_the_same_settings_is_flagged_with_the_gates_message(tmp_path) -> None:
@@ -614,7 +624,8 @@ def test_a_case_left_out_of_the_run_before_is_judged_against_the_newest_run_hold
     the rest: a case is judged against the newest earlier comparable run that holds it."""
     paths = [_synthetic(tmp_path, 0), _without(_synthetic(tmp_path, 1), "opt-sgd"), _synthetic(tmp_path, 2)]
     build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
-    assert _verdicts(tmp_path / "out")["opt-sgd"] == "ok (against c0000000 2999-01-01 10:00:00, the newest run holding it)"
+    assert (_verdicts(tmp_path / "out")["opt-sgd"]
+            == "ok (against c0000000 2999-01-01 10:00:00, the newest run holding it)")
     slow = _synthetic(tmp_path, 2, slower=1.5)  # run 2 again, every epoch 50% slower
     build_report(paths[:2] + [slow], tmp_path / "slow", budgets_path=_budgets(tmp_path))
     assert _verdicts(tmp_path / "slow")["opt-sgd"].startswith("REGRESSED: median_epoch_s")
@@ -627,7 +638,8 @@ def test_reruns_of_one_commit_get_distinct_labels(tmp_path) -> None:
     build_report(paths, tmp_path / "out", budgets_path=_budgets(tmp_path))
     runs, _ = load_runs(paths)
     labels = run_labels(runs)
-    assert labels == ["abcdef12 2999-01-01 10:00:05", "abcdef12 2999-01-01 10:00:41 #1", "abcdef12 2999-01-01 10:00:41 #2"]
+    assert labels == ["abcdef12 2999-01-01 10:00:05", "abcdef12 2999-01-01 10:00:41 #1",
+                      "abcdef12 2999-01-01 10:00:41 #2"]
     assert len(set(tick_labels(runs))) == 3
     assert (tmp_path / "out" / "summary.md").read_text().startswith(f"## mlp-loadbench: {GPU}, {labels[-1]}\n")
 

@@ -40,7 +40,8 @@ def test_the_inference_view_marks_the_front_on_latency_and_energy() -> None:
     (run,), _ = load_runs([RUN])
     fig = inference_figure(run.inference_records())
     latency_ax, energy_ax = fig.axes
-    assert latency_ax.get_xlabel() == "batch-1 p99 latency (µs)" and energy_ax.get_xlabel().startswith("energy per 1,000")
+    assert (latency_ax.get_xlabel() == "batch-1 p99 latency (µs)"
+            and energy_ax.get_xlabel().startswith("energy per 1,000"))
     front = [line for line in latency_ax.get_lines() if line.get_label() == "Pareto front"]
     xs = sorted(front[0].get_xdata())
     # graph p99 where measured: units-128 int8-dynamic is the fastest point of the run
@@ -207,7 +208,8 @@ def test_serving_commits_join_a_matrix_served_at_several_commits(tmp_path, capsy
     assert "--serving-commits dddd: no serving run of that commit among the runs read" in capsys.readouterr().err
     assert report_main([*map(str, files), "--out", str(tmp_path / "none"), "--serving-commits", "dddd"]) == 1
     err = capsys.readouterr().err
-    assert "--serving-commits dddd: no serving run of these commits (serving runs read: aaaa111, bbbb222, cccc333)" in err
+    assert ("--serving-commits dddd: no serving run of these commits (serving runs read: aaaa111, bbbb222, cccc333)"
+            in err)
     assert not (tmp_path / "none").exists()
     with pytest.raises(SystemExit):
         report_main([*map(str, files), "--out", str(out), "--serving-commits", "a5,not-a-commit"])

@@ -158,8 +158,8 @@ def test_the_front_beats_a_preset_only_beyond_the_margin(front_latency, beats, l
 def test_the_sampler_seed_makes_the_search_repeatable(tmp_path, tiny) -> None:
     fakes = [Fake(), Fake()]
     for i, fake in enumerate(fakes):
-        main(["--device", "cpu", "--out", str(tmp_path / str(i)), "--seed", "5", "--trials", "12", "--space", str(tiny)],
-             evaluator=fake)
+        main(["--device", "cpu", "--out", str(tmp_path / str(i)), "--seed", "5", "--trials", "12",
+              "--space", str(tiny)], evaluator=fake)
     assert fakes[0].calls == fakes[1].calls
 
 
@@ -207,7 +207,8 @@ def test_the_random_points_cover_the_space_and_keep_its_steps(tiny) -> None:
 
     space, rng = load_space(tiny), random.Random(0)
     points = [random_point(rng, space, train_space=False) for _ in range(400)]
-    assert {p["sparsity"] for p in points} == set(space.sparsity) and {p["weights"] for p in points} == set(space.weights)
+    assert ({p["sparsity"] for p in points} == set(space.sparsity)
+            and {p["weights"] for p in points} == set(space.weights))
     for p in points:
         assert ("prune_fraction" in p) == (p["sparsity"] == "unstructured")
         assert ("finetune_epochs" in p) == (p["sparsity"] != "dense")
@@ -318,7 +319,8 @@ def test_unsupported_trials_are_pruned_with_the_reason_and_the_study_goes_on(tmp
     out = capsys.readouterr().out
     assert "pruned: unsupported: fp8 needs sm_89+" in out
     summary = json.loads((tmp_path / "out" / "search.json").read_text())
-    assert summary["comparison"]["unmeasured_presets"] == {"fp8": "unsupported: fp8 needs sm_89+ (Ada, Hopper); this GPU is sm_80"}
+    assert summary["comparison"]["unmeasured_presets"] == {
+        "fp8": "unsupported: fp8 needs sm_89+ (Ada, Hopper); this GPU is sm_80"}
     assert summary["counts"]["complete"] >= 1 and summary["counts"]["pruned"] >= 1
 
 
@@ -344,7 +346,8 @@ def test_energy_is_the_second_objective_where_measured_and_its_absence_fails_the
     outcome = run_search(settings, fake, {k: VARIANTS[k] for k in ("fp32", "bf16", "int8-dynamic")}, log=lines.append)
     trials = {t.user_attrs["preset"]: t for t in outcome.study.trials}
     assert trials["fp32"].values == [1e-5, 0.5]
-    assert trials["bf16"].state == TrialState.FAIL and "no energy per 1,000 inferences" in trials["bf16"].user_attrs["reason"]
+    assert (trials["bf16"].state == TrialState.FAIL
+            and "no energy per 1,000 inferences" in trials["bf16"].user_attrs["reason"])
 
 
 def test_train_space_measures_the_reference_once_and_judges_drops_against_it(tmp_path) -> None:
@@ -455,7 +458,8 @@ def test_the_real_evaluator_hands_latency_pin_to_measure(monkeypatch) -> None:
 
 def test_presets_map_onto_the_space_or_say_why_not() -> None:
     space, base = Space(), TrainConfig()
-    assert preset_params(VARIANTS["sparse-2:4"], space, base, False) == {"sparsity": "2:4", "weights_2:4": "bf16", "finetune_epochs": 4}
+    assert preset_params(VARIANTS["sparse-2:4"], space, base, False) == {"sparsity": "2:4", "weights_2:4": "bf16",
+                                                                         "finetune_epochs": 4}
     assert preset_params(VARIANTS["prune-75"], space, base, False) == {"sparsity": "unstructured", "weights": "fp32",
                                                                        "prune_fraction": 0.75, "finetune_epochs": 4}
     narrow = Space(weights=("bf16",))
@@ -490,7 +494,8 @@ def test_the_real_objective_on_the_smoke_profile(tmp_path) -> None:
 
 def test_without_optuna_the_search_says_how_to_get_it() -> None:
     hide_optuna = (
-        "import runpy, sys; sys.modules['optuna'] = None; "  # what an environment without optuna looks like to find_spec
+        # what an environment without optuna looks like to find_spec
+        "import runpy, sys; sys.modules['optuna'] = None; "
         "runpy.run_module('bench.search', run_name='__main__')"
     )
     done = subprocess.run([sys.executable, "-c", hide_optuna, "--help"], capture_output=True, text=True)

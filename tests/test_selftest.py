@@ -184,7 +184,8 @@ def test_the_offset_between_cards_is_the_slowest_cards_median_over_the_fastests(
     assert "| 1.30% (2 cards)" in selftest.table([result])
 
 
-@pytest.mark.parametrize(("uuids", "cards", "shown"), [(["GPU-a"] * 3, 1, "one card"), (["GPU-a", None, "GPU-b"], 0, "unknown")])
+@pytest.mark.parametrize(("uuids", "cards", "shown"),
+                         [(["GPU-a"] * 3, 1, "one card"), (["GPU-a", None, "GPU-b"], 0, "unknown")])
 def test_one_card_or_a_run_that_does_not_say_has_no_offset(budgets, uuids, cards, shown) -> None:
     aa = [on_card(make_run(i), uuid) for i, uuid in enumerate(uuids)]
     result = {r.case_id: r for r in analyse(aa, {}, budgets)}["units-128"]
@@ -326,7 +327,8 @@ def test_gpu_lanes_run_at_once_each_on_its_own_gpu_and_every_run_once(tmp_path, 
 
     monkeypatch.setattr(selftest, "run_one", fake_run_one)
     paths = selftest.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], gpus=["0", "3"])
-    assert [p.name for p in paths] == [f"{n}.json" for n in ("aa-01", "aa-02", "aa-03", "plant05-01", "plant05-02", "plant05-03")]
+    assert [p.name for p in paths] == [f"{n}.json" for n in ("aa-01", "aa-02", "aa-03",
+                                                             "plant05-01", "plant05-02", "plant05-03")]
     assert sorted(name for name, _ in seen) == sorted(p.stem for p in paths)
     assert {gpu for _, gpu in seen} == {"0", "3"}
     lines = capsys.readouterr().out.splitlines()
@@ -447,7 +449,8 @@ def test_gpus_that_are_there_pass_the_check() -> None:
     assert isinstance(selftest.visible_gpus(), int)
 
 
-@pytest.mark.parametrize(("given", "named"), [(["-k", ""], "-k"), (["--resume"], "--resume"), (["--gpus", "0,1"], "--gpus")])
+@pytest.mark.parametrize(("given", "named"),
+                         [(["-k", ""], "-k"), (["--resume"], "--resume"), (["--gpus", "0,1"], "--gpus")])
 def test_running_options_named_with_from_are_usage_errors(tmp_path, capsys, given, named) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["--from", str(tmp_path), *given])

@@ -34,7 +34,8 @@ def test_a_case_the_run_does_not_know_counts_as_the_median_case() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    durations=st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4), st.floats(0.01, 100), min_size=1, max_size=40),
+    durations=st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4), st.floats(0.01, 100), min_size=1,
+                              max_size=40),
     count=st.integers(1, 6),
 )
 def test_every_case_lands_in_exactly_one_shard_and_no_shard_is_far_over(durations, count) -> None:
@@ -69,7 +70,8 @@ def serving(case: str, variant: str, impl: str) -> tuple[str, dict]:
 
 def test_a_configuration_s_serving_cases_travel_together() -> None:
     """They serve one trained model: a shard holding them all trains it once."""
-    cases = [serving(c, v, i) for c in ("blocks-2", "blocks-3", "units-128") for v in ("fp32", "bf16") for i in ("torch", "triton")]
+    cases = [serving(c, v, i) for c in ("blocks-2", "blocks-3", "units-128") for v in ("fp32", "bf16")
+             for i in ("torch", "triton")]
     training = "bench/test_experiments.py::test_blocks[blocks-3]"
     units = {node: unit_of(node, params) for node, params in cases}
     units[training] = unit_of(training, {"case": Case("blocks-3")})
@@ -92,7 +94,8 @@ def test_with_durations_a_unit_costs_the_sum_of_its_cases() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    durations=st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4), st.floats(0.01, 100), min_size=1, max_size=40),
+    durations=st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4), st.floats(0.01, 100), min_size=1,
+                              max_size=40),
     count=st.integers(1, 6),
     timed=st.booleans(),
 )
@@ -100,12 +103,14 @@ def test_a_unit_is_never_split(durations, count, timed) -> None:
     units = {n: n[0] for n in durations}  # by first letter: up to eight units
     shards = assign(list(durations), count, durations if timed else None, units)
     assert sorted(n for shard in shards for n in shard) == sorted(durations)
-    assert all(len({k for k, shard in enumerate(shards) if any(units[n] == u for n in shard)}) == 1 for u in set(units.values()))
+    assert all(len({k for k, shard in enumerate(shards) if any(units[n] == u for n in shard)}) == 1
+               for u in set(units.values()))
 
 
 def test_a_pytest_shard_of_the_serving_matrix_holds_whole_configurations() -> None:
     root = Path(__file__).resolve().parents[1]
-    args = ["bench/test_inference.py", "--profile", "quick", "--tier", "nightly", "--shard", "2/4", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    args = ["bench/test_inference.py", "--profile", "quick", "--tier", "nightly", "--shard", "2/4", "--collect-only",
+            "-q", "-p", "no:cacheprovider"]
     out = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=root, capture_output=True, text=True, timeout=300)
     ids = [line for line in out.stdout.splitlines() if "test_serving[" in line]
     configs = Counter("-".join(line.split("[", 1)[1].split("-")[:2]) for line in ids)  # 'units-128', 'act-leaky_relu'

@@ -168,7 +168,8 @@ def good() -> dict:
         (lambda d: d | {"rows": [["a", 1.0, 2.0], ["a", 1.0, 2.0]]}, r"rows\[1\]: kernel 'a' appears twice"),
         (lambda d: d | {"other": [1, 2, 3]}, "other: expected a mapping or null"),
         (lambda d: d | {"other": {"kernels": [], "calls_per_epoch": 1.0}}, "other: missing key 'us_per_epoch'"),
-        (lambda d: d | {"other": {"kernels": 2, "calls_per_epoch": 1.0, "us_per_epoch": 1.0}}, "kernels 2: expected a list"),
+        (lambda d: d | {"other": {"kernels": 2, "calls_per_epoch": 1.0, "us_per_epoch": 1.0}},
+         "kernels 2: expected a list"),
         (lambda d: d | {"other": {"kernels": ["xyz"], "calls_per_epoch": 1.0, "us_per_epoch": 1.0}}, "8-hex-digit"),
     ],
 )

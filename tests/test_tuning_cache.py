@@ -162,7 +162,8 @@ def test_two_processes_writing_at_once_lose_no_entry(tmp_path) -> None:
     assert sorted(entries) == sorted(f"{p}:{i}" for p in "ab" for i in range(20))
 
 
-@pytest.mark.parametrize("content", ["{not json", "[]", '{"format": 99, "groups": {}}', '{"format": 1, "groups": {"k": 3}}'])
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"format": 99, "groups": {}}',
+                                     '{"format": 1, "groups": {"k": 3}}'])
 def test_a_corrupt_cache_file_is_ignored_with_one_warning(tmp_path, content) -> None:
     (tmp_path / tuning_cache.FILE_NAME).write_text(content)
     cache = TuningCache(tmp_path, "k")
@@ -252,7 +253,8 @@ def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> No
     cache = tmp_path / "cache"
     store = TuningCache(cache, cache_key("cpu", launches.triton.__version__, torch.__version__))
     store.put(key("dw", N, K, M), {"config": CONFIG})
-    launches.reset_launch_state(mode="off", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=refuse)
+    launches.reset_launch_state(mode="off", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}),
+                                measure=refuse)
     train_step(*layer())
     assert sources() == {"fwd": "table", "dw": "heuristic", "dx": "heuristic"}
 
@@ -261,7 +263,8 @@ def test_off_uses_table_then_heuristic_and_never_reads_the_cache(tmp_path) -> No
 def test_always_re_tunes_over_table_and_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     measure = FakeMeasure(lambda kernel, cfg: cfg.block_r == 32 and cfg.block_c == 32 and cfg.block_red == 32)
-    launches.reset_launch_state(mode="always", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}), measure=measure)
+    launches.reset_launch_state(mode="always", cache_dir=cache, tables=table({key("fwd", M, N, K): CONFIG}),
+                                measure=measure)
     train_step(*layer())
     assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"}
     assert all(e["config"]["block_r"] == 32 for e in launches.launch_report())
@@ -294,7 +297,8 @@ def test_tracing_never_tunes(tmp_path) -> None:
         # the body would go on to run its kernels on the fake tensors, so plan alone)
         x = mode.from_tensor(layer()[0])
         plan = launches.plan_for("fwd", M, N, K, x, "tf32x3", "pointwise")
-    assert plan.cfg == launch_plan.heuristic_config(M, N, K, torch.float32) and not launches._PLANS  # asked again next call
+    # asked again next call
+    assert plan.cfg == launch_plan.heuristic_config(M, N, K, torch.float32) and not launches._PLANS
     (entry,) = launches.launch_report()
     assert entry["source"] == "heuristic" and "torch.compile tracing" in entry["note"]
 
@@ -356,7 +360,8 @@ def test_gemv_candidates_only_for_a_few_row_forward() -> None:
     assert {c.block_r for c in first if c.backend == "gemv"} == {4}
     assert all(c.block_red <= 128 for c in first if c.backend == "gemv")  # no step past the 75-long reduction
     for kernel, rows in (("fwd", 17), ("fwd", 512), ("dw", 1), ("dx", 1)):
-        assert all(c.backend != "gemv" for c in launch_plan.tuning_candidates(kernel, rows, 512, 512, torch.float32, 132))
+        assert all(c.backend != "gemv"
+                   for c in launch_plan.tuning_candidates(kernel, rows, 512, 512, torch.float32, 132))
 
 
 def test_gemv_configs_are_checked() -> None:
@@ -409,7 +414,8 @@ def test_eager_times_come_from_interleaved_rounds(monkeypatch) -> None:
 def test_the_cell_list_measures_each_cell_once_losing_cells_first() -> None:
     from bench.tools import bench_cells
 
-    cells = bench_cells.cell_list(bench_cells.BATCHES, bench_cells.WIDTHS, bench_cells.PRECISIONS, bench_cells.ACTIVATIONS)
+    cells = bench_cells.cell_list(bench_cells.BATCHES, bench_cells.WIDTHS, bench_cells.PRECISIONS,
+                                  bench_cells.ACTIVATIONS)
     assert len(cells) == len(set(cells)) == 2 * (4 * 5 + 4)
     assert cells[:3] == bench_cells.PRIORITY[:3]
 
@@ -528,7 +534,8 @@ def test_the_occupancy_rule_drops_only_tiles_that_leave_most_sms_idle() -> None:
     small = launch_plan.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132)
     assert small == launch_plan.tuning_candidates("fwd", 64, 128, 128, torch.float32, 132, prune=False)
     # bf16: one reduction step, the one that fits
-    assert {c.block_red for c in launch_plan.tuning_candidates("dw", 512, 512, 512, torch.bfloat16, 132) if c.backend == "triton"} == {64}
+    assert {c.block_red for c in launch_plan.tuning_candidates("dw", 512, 512, 512, torch.bfloat16, 132)
+            if c.backend == "triton"} == {64}
     assert {c.block_red for c in launch_plan.tuning_candidates("dx", 64, 128, 10, torch.bfloat16, 132)[1:-1]} == {32}
 
 
@@ -670,7 +677,8 @@ def cublas_first(gap_ms: float):
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
         if cfg.backend == "cublas":
             return 1.0
-        return 1.0 + gap_ms if cfg == launch_plan.heuristic_config(*_output_and_reduction(kernel, m, n, k), dtype) else 5.0
+        return (1.0 + gap_ms if cfg == launch_plan.heuristic_config(*_output_and_reduction(kernel, m, n, k), dtype)
+                else 5.0)
 
     return measure
 
@@ -725,11 +733,13 @@ def test_a_cublas_winner_keeps_its_fused_finalist_for_uncaptured_calls(tmp_path,
 @pytest.mark.interpreter
 def test_the_op_path_keeps_the_tuned_winner(tmp_path, monkeypatch) -> None:
     """What torch.compile traces and CUDA graphs capture runs the GPU-time winner."""
-    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(0.004), sm_count=132, host_call_ms=0.01)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(0.004), sm_count=132,
+                                host_call_ms=0.01)
     train_step(*layer())  # tunes
     names: list[str] = []
     real = op._launch_traceable
-    monkeypatch.setattr(op, "_launch_traceable", lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
+    monkeypatch.setattr(op, "_launch_traceable",
+                        lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
     x, w, b = layer()
     y, _ = torch.ops.loadbench.linear_act_fwd(x, w, b, launch_plan.ACTIVATIONS["leaky_relu"])
     torch.ops.loadbench.linear_act_bwd(torch.ones_like(y), y, x, w, launch_plan.ACTIVATIONS["leaky_relu"], True)
@@ -739,7 +749,8 @@ def test_the_op_path_keeps_the_tuned_winner(tmp_path, monkeypatch) -> None:
 @pytest.mark.interpreter
 @pytest.mark.parametrize("gap_ms, host_ms", [(0.02, 0.01), (0.004, 0.0)], ids=["gap-above-a-host-call", "no-host-cost"])
 def test_no_fused_finalist_where_it_gives_up_more_than_a_host_call(tmp_path, monkeypatch, gap_ms, host_ms) -> None:
-    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(gap_ms), sm_count=132, host_call_ms=host_ms)
+    launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=cublas_first(gap_ms), sm_count=132,
+                                host_call_ms=host_ms)
     names = launched_kernels(monkeypatch)
     train_step(*layer())
     assert {"_bias_act_kernel", "_act_grad_kernel"} <= set(names)
@@ -763,7 +774,8 @@ def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_pat
     cublas = {**CONFIG, "backend": "cublas"}
     fused = {**CONFIG, "block_c": 16}
     measured = {
-        key(kernel, *shape): {"config": cublas, "ms": 0.010, "finalists": [cublas, CONFIG, fused], "finalists_ms": [0.010, 0.012, 0.013]}
+        key(kernel, *shape): {"config": cublas, "ms": 0.010, "finalists": [cublas, CONFIG, fused],
+                              "finalists_ms": [0.010, 0.012, 0.013]}
         for kernel, *shape in launch_plan.kernel_shapes(M, N, K)
     }
     path = tmp_path / "table.json"
@@ -771,18 +783,21 @@ def test_the_table_keeps_a_cublas_winners_fused_finalist_for_eager_calls(tmp_pat
     written = json.loads(path.read_text())
     kept = written["cpu"]["evidence"][key("fwd", M, N, K)]
     assert "finalists" not in kept and "finalists_ms" not in kept
-    assert kept["eager"]["config"]["block_c"] == CONFIG["block_c"] and kept["eager"]["gives_up_ms"] == pytest.approx(0.002)
+    assert (kept["eager"]["config"]["block_c"] == CONFIG["block_c"]
+            and kept["eager"]["gives_up_ms"] == pytest.approx(0.002))
     launches.reset_launch_state(cache_dir=tmp_path / "cache", tables=written, measure=refuse, host_call_ms=0.005)
     names = launched_kernels(monkeypatch)
     train_step(*layer())
     assert sources() == {"fwd": "table", "dw": "table", "dx": "table"}
     assert {e["eager"]["route"] for e in launches.launch_report()} == {"triton"}
-    assert {"_forward_kernel", "_weight_grad_kernel", "_input_grad_kernel"} <= set(names) and "_bias_act_kernel" not in names
+    assert ({"_forward_kernel", "_weight_grad_kernel", "_input_grad_kernel"} <= set(names)
+            and "_bias_act_kernel" not in names)
 
 
 def test_a_fused_winner_keeps_no_eager_finalist_in_the_table() -> None:
     from kernels.plan.tuning import evidence
 
     fused = {**CONFIG, "backend": "triton"}
-    entry = {"config": fused, "ms": 0.01, "finalists": [fused, {**CONFIG, "backend": "cublas"}], "finalists_ms": [0.01, 0.011]}
+    entry = {"config": fused, "ms": 0.01, "finalists": [fused, {**CONFIG, "backend": "cublas"}],
+             "finalists_ms": [0.01, 0.011]}
     assert "eager" not in evidence(entry) and evidence({"config": fused, "ms": 0.01}) == {"ms": 0.01}

@@ -158,7 +158,8 @@ class Budgets:
                 merged.update(scope.get("cases", {}).get(case_id, {}))
         return Budget(**{k: float(v) for k, v in merged.items()})
 
-    def resolve_inference(self, profile: str, variant: str, case_id: str, dataset: str = "synthetic") -> InferenceBudget:
+    def resolve_inference(self, profile: str, variant: str, case_id: str,
+                          dataset: str = "synthetic") -> InferenceBudget:
         """The serving limits of one variant of one case: defaults < variants < cases < one
         variant of one case (``cases."id".variants."V"``) at each scope, scopes in the order
         `resolve` uses."""
@@ -243,8 +244,9 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                         check_variants(f"{where}.{name}.{_bare(key)}.variants", limits.pop("variants"), in_dataset)
                     check_limits(f"{where}.{name}.{_bare(key)}", limits, in_dataset, serving=True)
             else:
-                fail(f"{where}.{_bare(name)}", f"unknown table {name!r}{hint(name, ('defaults', 'variants', 'cases'))}; "
-                                               "expected one of defaults, variants, cases")
+                fail(f"{where}.{_bare(name)}",
+                     f"unknown table {name!r}{hint(name, ('defaults', 'variants', 'cases'))}; "
+                     "expected one of defaults, variants, cases")
 
     def check_scope(prefix: str, scope: dict[str, Any], allow_profiles: bool, in_dataset: bool) -> None:
         for name, table in scope.items():
@@ -280,7 +282,8 @@ def _validate(tables: dict[str, Any], path: Path) -> None:
                         fail(f"{where}.{_bare(dataset)}", "must be a table")
                     check_scope(f"datasets.{_bare(dataset)}.", inner, allow_profiles=True, in_dataset=True)
             else:
-                allowed = LEVELS + ("inference",) + (("profiles",) if allow_profiles else ()) + (("datasets",) if not prefix else ())
+                allowed = (LEVELS + ("inference",) + (("profiles",) if allow_profiles else ())
+                           + (("datasets",) if not prefix else ()))
                 fail(where, f"unknown table {name!r}{hint(name, allowed)}; expected one of {', '.join(allowed)}")
 
     check_scope("", tables, allow_profiles=True, in_dataset=False)
@@ -357,7 +360,8 @@ def check_inference(budget: InferenceBudget, record: dict[str, Any]) -> list[Fai
     throughput at batch 4096; a figure not measured (None) is not judged."""
     out = []
     drop = record.get("accuracy_drop")
-    if not budget.trade_off and budget.accuracy_drop_vs_fp32_max is not None and drop is not None and drop > budget.accuracy_drop_vs_fp32_max:
+    if (not budget.trade_off and budget.accuracy_drop_vs_fp32_max is not None and drop is not None
+            and drop > budget.accuracy_drop_vs_fp32_max):
         out.append(Failure("accuracy_drop_vs_fp32", drop, budget.accuracy_drop_vs_fp32_max, None,
                            f"accuracy {record.get('accuracy', float('nan')):.4f} against the fp32 model's"))
     p99, what = judged_p99(record)

@@ -58,7 +58,8 @@ def read_run(path: Path) -> dict[str, Any]:
     made = run["machine_info"][RECORD_KEY]
     found = made.get(FORMAT_KEY, UNVERSIONED_FORMAT) if isinstance(made, dict) else None
     if not isinstance(found, int) or isinstance(found, bool) or found < UNVERSIONED_FORMAT:
-        raise BaselineError(f"baseline {path}: machine_info.{RECORD_KEY}.{FORMAT_KEY} = {found!r} is not a record format")
+        raise BaselineError(f"baseline {path}: machine_info.{RECORD_KEY}.{FORMAT_KEY} = {found!r} "
+                            "is not a record format")
     if found > RECORD_FORMAT:
         raise BaselineError(
             f"baseline {path}: record format {found} is newer than this code reads (up to {RECORD_FORMAT}); "

@@ -208,7 +208,8 @@ def check_time(
 
 
 def check_latency(
-    budget: InferenceBudget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+    budget: InferenceBudget, current: dict[str, Any], baseline: dict[str, Any], *,
+    history: Sequence[dict[str, Any]] = ()
 ) -> list[Failure]:
     """A served variant's batch-1 p99 against the baseline's, by `check_slowdown` over the
     rounds' p99s. Records of different latency modes (a graph replay against an eager

@@ -47,7 +47,8 @@ def check_start(config: pytest.Config) -> None:
         config.option.benchmark_compare = compare = startup.compare_path(compare)
         problem = problem or startup.compare_problem(compare, config.getoption("benchmark_storage", ""))
     folders = [(f"--series-dir {config.getoption('series_dir')}", config.getoption("series_dir"))]
-    folders += [(f"{name}={loadbench_env.read(name)}", loadbench_env.read(name)) for name in loadbench_env.PATH_VARIABLES]
+    folders += [(f"{name}={loadbench_env.read(name)}", loadbench_env.read(name))
+                for name in loadbench_env.PATH_VARIABLES]
     for where, folder in folders:
         if problem is None and folder:
             trouble = startup.directory_problem(Path(folder).expanduser())

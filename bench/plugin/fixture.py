@@ -244,7 +244,8 @@ class LoadBench:
             baseline=str(baseline.path) if baseline is not None else None,
             gating=baseline.gating if baseline is not None else False,
             reason=baseline.reason if baseline is not None else session.no_baseline_reason,
-            # --epochs: the run's own count, not a case's override (a case that trains fewer on a CPU has floors for that)
+            # --epochs: the run's own count, not a case's override (a case that trains fewer on a CPU
+            # has floors for that)
             profile=options.profile.name, epochs=options.epochs,
         )
         if judged.time_gate is not None:  # how this case's time was judged, for the record and the report

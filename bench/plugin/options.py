@@ -99,7 +99,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--tier", choices=TIERS, default="pr",
                     help="pr: the pull-request gate (the five experiments, the loops, the kernel cells that tell "
                          "the kernel's story, the optimal configuration served); nightly: every case, cases marked "
-                         "nightly too (the whole serving matrix, data parallel, every kernel cell). Default: %(default)r")
+                         "nightly too (the whole serving matrix, data parallel, every kernel cell). "
+                         "Default: %(default)r")
     group.addoption("--plant-slowdown", type=parse_plant, default=None, metavar="PCT[:host|gpu]",
                     help="make every timed epoch PCT%% slower (host sleep or GPU spin): tests the time gate; "
                          "recorded in the run's settings")

@@ -302,7 +302,8 @@ class LoadBenchSession:
         if shard is None:
             return
         index, count = shard
-        units = {item.nodeid: unit_of(item.nodeid, item.callspec.params if hasattr(item, "callspec") else {}) for item in items}
+        units = {item.nodeid: unit_of(item.nodeid, item.callspec.params if hasattr(item, "callspec") else {})
+                 for item in items}
         keep = set(assign(list(units), count, self.shard_durations, units)[index - 1])
         deselected = [item for item in items if item.nodeid not in keep]
         items[:] = [item for item in items if item.nodeid in keep]
@@ -367,7 +368,8 @@ class LoadBenchSession:
             )
         saved = "saved the finished cases" if self.saving else "stored nothing"
         if self.interrupted_in is not None:
-            terminalreporter.write_line(f"mlp-loadbench: interrupted: {saved}; left out {self.interrupted_in} (cut short)")
+            terminalreporter.write_line(f"mlp-loadbench: interrupted: {saved}; "
+                                        f"left out {self.interrupted_in} (cut short)")
         failed = [name for name in self.unfinished if self.interrupted_in is None or not
                   self.interrupted_in.endswith(name.rsplit("::", 1)[-1])]
         if failed:

@@ -81,5 +81,6 @@ def compare_problem(value: str | bool | None, storage: str) -> str | None:
     runs = stored_runs(folder)
     if runs:
         shown = ", ".join(str(run.relative_to(folder)) for run in runs[-RUNS_SHOWN:])
-        return f"{line}; the storage {folder} holds {len(runs)} run(s), the newest {shown} (give a run number or a file)"
+        return (f"{line}; the storage {folder} holds {len(runs)} run(s), the newest {shown} "
+                "(give a run number or a file)")
     return f"{line}, and the storage {folder} holds no runs yet"

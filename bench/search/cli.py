@@ -50,7 +50,8 @@ def parse_drop(value: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
     if not 0 <= drop < 1 or math.isnan(drop):
-        raise argparse.ArgumentTypeError(f"{value!r}: an accuracy drop is a fraction in [0, 1), e.g. 0.01 for one point")
+        raise argparse.ArgumentTypeError(f"{value!r}: an accuracy drop is a fraction in [0, 1), "
+                                         "e.g. 0.01 for one point")
     return drop
 
 
@@ -87,8 +88,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Default: tpe")
     p.add_argument("--seed", type=int, default=0, help="sampler seed. Default: 0")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help="trained models are kept here. Default: $LOADBENCH_MODEL_CACHE, else .benchmarks/trained-models "
-                        "(where the inference bench keeps them)")
+                   help="trained models are kept here. Default: $LOADBENCH_MODEL_CACHE, "
+                        "else .benchmarks/trained-models (where the inference bench keeps them)")
     return p
 
 
@@ -158,7 +159,8 @@ def search(args: argparse.Namespace, evaluator: Evaluator | None) -> int:
     for path in written:
         print(f"wrote {path}")
     if outcome.interrupted:
-        print(f"search: interrupted; rerun the same command to continue the study ({args.trials} trials)", file=sys.stderr)
+        print(f"search: interrupted; rerun the same command to continue the study ({args.trials} trials)",
+              file=sys.stderr)
         return INTERRUPTED
     if outcome.stopped:
         print(f"search: stopped early: {outcome.stopped}", file=sys.stderr)

@@ -122,7 +122,8 @@ def compare(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
     for key in keys:
         best_front = min(front, key=lambda r: r["values"][key], default=None)
         best_preset = min(feasible, key=lambda r: r["values"][key], default=None)
-        ahead = best_front is not None and best_preset is not None and best_front["values"][key] < best_preset["values"][key]
+        ahead = (best_front is not None and best_preset is not None
+                 and best_front["values"][key] < best_preset["values"][key])
         beats = ahead and best_front["values"][key] < (1 - BEAT_MARGIN) * best_preset["values"][key]  # type: ignore[index]
         per_objective[key] = {
             "best_front": _point(best_front, key),
@@ -213,7 +214,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 for n in numbers]
         return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
-    lines += ["## Front", "", table(summary["front"]) if summary["front"] else "No feasible trial: the front is empty.", ""]
+    lines += ["## Front", "",
+              table(summary["front"]) if summary["front"] else "No feasible trial: the front is empty.", ""]
     preset_numbers = [r["number"] for r in summary["trials"] if r["preset"] and r["state"] == "complete"]
     if preset_numbers:
         lines += ["## Hand-picked variants", "", table(preset_numbers), ""]

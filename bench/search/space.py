@@ -120,7 +120,8 @@ def space_from_dict(data: dict[str, Any]) -> Space:
         if not 0 < low <= high < 1:
             raise SpaceError(f"prune_fraction = {data['prune_fraction']!r}: need 0 < low <= high < 1")
         if any(abs(v / PRUNE_STEP - round(v / PRUNE_STEP)) > 1e-9 for v in (low, high)):
-            raise SpaceError(f"prune_fraction = {data['prune_fraction']!r}: low and high must be multiples of {PRUNE_STEP}")
+            raise SpaceError(f"prune_fraction = {data['prune_fraction']!r}: "
+                             f"low and high must be multiples of {PRUNE_STEP}")
         changes["prune_fraction"] = (float(low), float(high))
     if "finetune_epochs" in data:
         low, high = _range("finetune_epochs", data["finetune_epochs"], int)

@@ -160,7 +160,8 @@ def answered(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.FAIL and "reason" in trial.user_attrs
 
 
-def enqueue_presets(study: optuna.Study, settings: SearchSettings, presets: Mapping[str, Compression]) -> dict[str, str]:
+def enqueue_presets(study: optuna.Study, settings: SearchSettings,
+                    presets: Mapping[str, Compression]) -> dict[str, str]:
     """Each hand-picked variant as a trial (first in a new study; never twice), tagged
     with its name so the results can compare the front with it. Returns the presets
     left out and why (outside the space)."""
@@ -180,7 +181,8 @@ def enqueue_presets(study: optuna.Study, settings: SearchSettings, presets: Mapp
     return skipped
 
 
-def reference_accuracy(study: optuna.Study, settings: SearchSettings, evaluate: Evaluator, log: Callable[[str], None]) -> float | None:
+def reference_accuracy(study: optuna.Study, settings: SearchSettings, evaluate: Evaluator,
+                       log: Callable[[str], None]) -> float | None:
     """With --train-space, the fp32 accuracy of the base configuration, measured once per
     study: a trial's accuracy drop is taken against it, so a smaller network that is
     less accurate does not pass the limit by being compared with itself."""
@@ -193,7 +195,8 @@ def reference_accuracy(study: optuna.Study, settings: SearchSettings, evaluate: 
     return float(study.user_attrs[REFERENCE_KEY])
 
 
-def make_objective(settings: SearchSettings, evaluate: Evaluator, reference: float | None) -> Callable[[optuna.Trial], tuple[float, ...]]:
+def make_objective(settings: SearchSettings, evaluate: Evaluator,
+                   reference: float | None) -> Callable[[optuna.Trial], tuple[float, ...]]:
     def objective(trial: optuna.Trial) -> tuple[float, ...]:
         setting = suggest(trial, settings.space, settings.base, settings.train_space)
         trial.set_user_attr("label", trial_label(setting.config, setting.compression, settings))
@@ -235,7 +238,8 @@ def repeat_of(trial: optuna.Trial) -> FrozenTrial | None:
     a discrete point again once it looks best; measuring it again would spend the
     budget on a point the front already holds."""
     for other in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if other.number != trial.number and same_point(other.params, trial.params) and "repeat_of" not in other.user_attrs:
+        if (other.number != trial.number and same_point(other.params, trial.params)
+                and "repeat_of" not in other.user_attrs):
             return other
     return None
 
@@ -309,18 +313,22 @@ class Progress:
         done = sum(answered(t) for t in trials)
         label = trial.user_attrs.get("label", "?")
         preset = trial.user_attrs.get("preset")
-        head = f"search: trial {trial.number} [{done}/{self.settings.trials}] {label}" + (f" (preset {preset})" if preset else "")
+        head = (f"search: trial {trial.number} [{done}/{self.settings.trials}] {label}"
+                + (f" (preset {preset})" if preset else ""))
         if "repeat_of" in trial.user_attrs:
             head += f" (repeat of trial {trial.user_attrs['repeat_of']}, not measured again"
             head += "; a point drawn at random is queued)" if trial.user_attrs.get("queued_random") else ")"
         elif trial.user_attrs.get("explored"):
             head += " (drawn at random after a repeat)"
-        seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete and trial.datetime_start else 0.0
+        seconds = ((trial.datetime_complete - trial.datetime_start).total_seconds()
+                   if trial.datetime_complete and trial.datetime_start else 0.0)
         if trial.state == TrialState.COMPLETE:
             self.failures_in_a_row = 0
-            shown = ", ".join(f"{o.key.split('_')[0]} {v * o.scale:.4g} {o.unit}" for o, v in zip(self.settings.objectives, trial.values))
+            shown = ", ".join(f"{o.key.split('_')[0]} {v * o.scale:.4g} {o.unit}"
+                              for o, v in zip(self.settings.objectives, trial.values))
             drop = trial.user_attrs.get("drop", float("nan"))
-            verdict = "feasible" if drop <= self.settings.max_accuracy_drop else f"INFEASIBLE (limit {self.settings.max_accuracy_drop:g})"
+            verdict = ("feasible" if drop <= self.settings.max_accuracy_drop
+                       else f"INFEASIBLE (limit {self.settings.max_accuracy_drop:g})")
             kind = trial.user_attrs.get("latency_kind", "?")
             accuracy = (trial.user_attrs.get("record") or {}).get("accuracy")
             acc = f"accuracy {accuracy:.4f}, " if isinstance(accuracy, (int, float)) else ""

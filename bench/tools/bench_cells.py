@@ -288,8 +288,8 @@ def tune_phase(
                 "tuning_s": round(launches.tuning_seconds() - seconds, 3),  # timing candidates alone
                 "kernels_tuned": sum(e["source"] == "tuned" for e in launches.launch_report()) - tuned,
             })
-            print(f"tune  {precision:4s} batch {batch:4d} width {width:4d} {activation:10s}: {rows[-1]['wall_s']:7.1f} s, "
-                  f"{rows[-1]['kernels_tuned']} kernel shapes tuned", flush=True)
+            print(f"tune  {precision:4s} batch {batch:4d} width {width:4d} {activation:10s}: "
+                  f"{rows[-1]['wall_s']:7.1f} s, {rows[-1]['kernels_tuned']} kernel shapes tuned", flush=True)
             on_row(rows)
     return rows
 
@@ -358,7 +358,8 @@ def summary_lines(cells: list[CellResult], skipped: list[tuple[str, int, int, st
         if rated:
             worst = min(rated, key=lambda c: c.best_baseline()[1])
             name, speedup = worst.best_baseline()
-            lines.append(f"{precision}: worst cell {worst.batch}x{worst.width} {worst.activation} {speedup:.2f} of {name}"
+            lines.append(f"{precision}: worst cell {worst.batch}x{worst.width} {worst.activation} "
+                         f"{speedup:.2f} of {name}"
                          f" (tiles: {_counts(worst.sources())}; routes: {_counts(worst.routes())})")
     losing = [c for c in cells if c.record()["losing"]]
     lines.append(
@@ -384,13 +385,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tune-only", action="store_true", help="the tuning phase alone: its one-time cost, no cells")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile baseline")
     parser.add_argument("--rep", type=int, default=100, help="do_bench / do_bench_cudagraph rep (ms)")
-    parser.add_argument("--budget-s", type=float, default=500.0, help="start no configuration or cell after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=500.0,
+                        help="start no configuration or cell after this many seconds")
     parser.add_argument("--json", default="bench_cells.json", help="results, rewritten after every cell")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (the interpreter: a smoke run)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("bench.tools.bench_cells: no CUDA GPU here (--device cpu runs the code path through the interpreter)", file=sys.stderr)
+        print("bench.tools.bench_cells: no CUDA GPU here (--device cpu runs the code path through the interpreter)",
+              file=sys.stderr)
         return 2
     started = time.perf_counter()
     temporary = args.cache_dir is None
@@ -404,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["LOADBENCH_TUNE"] = args.tune
     launches.reset_launch_state()  # re-read both
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
-    print(f"bench.tools.bench_cells on {name}: torch {torch.__version__}, LOADBENCH_TUNE={args.tune}, cache {cache}", flush=True)
+    print(f"bench.tools.bench_cells on {name}: torch {torch.__version__}, LOADBENCH_TUNE={args.tune}, cache {cache}",
+          flush=True)
     out: dict[str, Any] = {"device": name, "torch": torch.__version__, "tune": args.tune, "cache_dir": cache}
 
     def save() -> None:
@@ -416,7 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             def tuned_so_far(rows: list[dict[str, Any]]) -> None:
                 total = sum(r.get("wall_s", 0.0) for r in rows)
-                out["tuning"] = {"rows": rows, "wall_s": round(total, 2), "timing_s": round(launches.tuning_seconds(), 2),
+                out["tuning"] = {"rows": rows, "wall_s": round(total, 2),
+                                 "timing_s": round(launches.tuning_seconds(), 2),
                                  "counts": launches.tuning_counts()}
                 save()
 

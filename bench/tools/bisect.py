@@ -134,8 +134,8 @@ def bisect(repo: Path, good: str, bad: str, case: str, path: str, extra: Sequenc
             git(repo, "checkout", "-q", start)
         git(repo, "bisect", "start", bad, good)
         try:
-            run = git(repo, "bisect", "run", sys.executable, str(step), "--repo", str(repo), "--baseline", str(baseline),
-                      "-k", case, "--path", path, "--", *extra, check=False, env=env)
+            run = git(repo, "bisect", "run", sys.executable, str(step), "--repo", str(repo),
+                      "--baseline", str(baseline), "-k", case, "--path", path, "--", *extra, check=False, env=env)
             skipped = skipped_commits(git(repo, "bisect", "log", check=False).stdout)
             return Found(first_bad(run.stdout + run.stderr), skipped)
         finally:

@@ -290,7 +290,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("mode", choices=sorted(MODES),
                         help="pr: the pull-request tier gated against main; main: the same, stored as main's "
                              "newest run; nightly: the nightly tier (every case), stored")
-    parser.add_argument("--storage", type=Path, default=Path(loadbench_env.read("LOADBENCH_STORAGE") or ".benchmarks/main"),
+    parser.add_argument("--storage", type=Path,
+                        default=Path(loadbench_env.read("LOADBENCH_STORAGE") or ".benchmarks/main"),
                         help="main's stored runs on this runner (pytest-benchmark storage). Default: "
                              "$LOADBENCH_STORAGE or .benchmarks/main")
     parser.add_argument("--data-repo", default=None, metavar="URL",

@@ -325,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     building.add_argument("--extra", type=Path, action="append", default=[], metavar="RUN.json",
                           help="a run not on the branch (a pull request's own); repeatable")
     building.add_argument("--series-root", type=Path, action="append", default=[], help="where --extra's series are")
-    building.add_argument("--window", type=int, default=50, choices=(50, 100), help="moving-average window. Default: 50")
+    building.add_argument("--window", type=int, default=50, choices=(50, 100),
+                          help="moving-average window. Default: 50")
     args = parser.parse_args(argv)
     try:
         if args.command == "push":

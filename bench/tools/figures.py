@@ -71,7 +71,8 @@ def resource_figure(title: str, series: dict[str, dict[str, list[float]]], windo
     if panels:
         axes[0, 0].legend(fontsize=7, ncol=min(5, len(labels)), loc="upper right")
     axes[-1, 0].set_xlabel(("time since the monitor started (s)" if timed else "monitor sample")
-                           + ("; | marks the end of an epoch" if every == 1 else f"; | marks the end of every {every} epochs"),
+                           + ("; | marks the end of an epoch" if every == 1
+                              else f"; | marks the end of every {every} epochs"),
                            fontsize=8)
     bottom = 0.0
     if unmeasured and panels:
@@ -216,7 +217,8 @@ _DIRECTIONS = [(math.cos(math.radians(a)), math.sin(math.radians(a))) for a in (
 _RADII = (5, 11, 18, 27, 38, 52, 70, 92, 120, 155, 200, 250)  # points from the marker; far ones get a leader line
 
 
-def place_labels(ax: Any, points: list[tuple[float, float]], names: list[str], first: Collection[int] = ()) -> list[Any]:
+def place_labels(ax: Any, points: list[tuple[float, float]], names: list[str],
+                 first: Collection[int] = ()) -> list[Any]:
     """Annotate each point with its name at the nearest of a ring of positions around it
     where the label stays inside the axes and overlaps no marker and no label placed
     before it (the points in `first` are placed first); where none is free, the position
@@ -260,7 +262,8 @@ def place_labels(ax: Any, points: list[tuple[float, float]], names: list[str], f
             names[i], points[i], xytext=(radius * dx, radius * dy), textcoords="offset points", fontsize=LABEL_FONT,
             ha="right" if dx < -0.3 else "left" if dx > 0.3 else "center",
             va="top" if dy < -0.3 else "bottom" if dy > 0.3 else "center",
-            arrowprops={"arrowstyle": "-", "color": "0.55", "linewidth": 0.6, "shrinkA": 0, "shrinkB": 3} if radius > 8 else None,
+            arrowprops=({"arrowstyle": "-", "color": "0.55", "linewidth": 0.6, "shrinkA": 0, "shrinkB": 3}
+                        if radius > 8 else None),
         ))
     return out
 
@@ -370,12 +373,14 @@ def search_figure(summary: Mapping[str, Any]) -> Figure:
     accuracy = lambda r: r.get("accuracy")  # noqa: E731
     energy = lambda r: r.get("energy_j_per_1k")  # noqa: E731
     panels = [
-        (axes[0], lambda r: r["values"][x_obj["key"]] * x_obj["scale"], lambda r: r["values"][y_obj["key"]] * y_obj["scale"],
+        (axes[0], lambda r: r["values"][x_obj["key"]] * x_obj["scale"],
+         lambda r: r["values"][y_obj["key"]] * y_obj["scale"],
          f"{x_obj['label']} ({x_obj['unit']})", f"{y_obj['label']} ({y_obj['unit']})", None),
         (axes[1], lambda r: r["values"][x_obj["key"]] * x_obj["scale"], accuracy,
          f"{x_obj['label']} ({x_obj['unit']})", "test accuracy", None),
         (axes[2], energy, accuracy, "energy per 1,000 inferences (J)", "test accuracy",
-         textwrap.fill("no energy data in this search" + (f": {summary['objectives_note']}" if summary.get("objectives_note") else ""), 45)),
+         textwrap.fill("no energy data in this search"
+                       + (f": {summary['objectives_note']}" if summary.get("objectives_note") else ""), 45)),
     ]
     drawn = []
     for ax, fx, fy, xlabel, ylabel, missing in panels:
@@ -389,8 +394,10 @@ def search_figure(summary: Mapping[str, Any]) -> Figure:
             "hand-picked variant": [r for r in usable if r.get("preset") and not r["on_front"]],
             "Pareto front": sorted((r for r in usable if r["on_front"]), key=fx),
         }
-        style = {"feasible": dict(color="0.55", marker="o", s=16), "over the accuracy-drop limit": dict(color="0.6", marker="x", s=18),
-                 "hand-picked variant": dict(color="tab:blue", marker="s", s=26), "Pareto front": dict(color="tab:red", marker="o", s=28)}
+        style = {"feasible": dict(color="0.55", marker="o", s=16),
+                 "over the accuracy-drop limit": dict(color="0.6", marker="x", s=18),
+                 "hand-picked variant": dict(color="tab:blue", marker="s", s=26),
+                 "Pareto front": dict(color="tab:red", marker="o", s=28)}
         for name, group in groups.items():
             if group:
                 ax.scatter([fx(r) for r in group], [fy(r) for r in group], label=name, zorder=3, **style[name])

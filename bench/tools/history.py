@@ -76,7 +76,9 @@ function lbPick(id, changed) {
   var exp = root.querySelector("select[name=experiment]"), cas = root.querySelector("select[name=case]");
   if (changed === "experiment") cas.value = "";
   if (changed === "case" && cas.value) exp.value = cas.selectedOptions[0].dataset.experiment;
-  var keep = function (m) { return (!exp.value || m.experiment === exp.value) && (!cas.value || m.case === cas.value); };
+  var keep = function (m) {
+    return (!exp.value || m.experiment === exp.value) && (!cas.value || m.case === cas.value);
+  };
   root.querySelectorAll(".js-plotly-plot").forEach(function (div) {
     Plotly.restyle(div, {visible: div.data.map(function (t) { return keep(t.meta); })});
   });
@@ -261,7 +263,8 @@ def summary_html(summary: Summary) -> str:
     rows = []
     for row in summary.rows:
         status = " class=regressed" if row[-1].startswith("REGRESSED") else " class=notgated" if row[-1] != "ok" else ""
-        cells = "".join(f"<td{' class=num' if 0 < i < len(row) - 1 else ''}>{html.escape(c)}</td>" for i, c in enumerate(row))
+        cells = "".join(f"<td{' class=num' if 0 < i < len(row) - 1 else ''}>{html.escape(c)}</td>"
+                        for i, c in enumerate(row))
         rows.append(f"<tr{status}>{cells}</tr>")
     parts = [f"<h2>Latest run: {html.escape(summary.gpu)}, {html.escape(summary.label)}</h2>"]
     parts += [f"<p class='note'>{_bold(html.escape(note))}</p>" for note in summary.notes]
@@ -273,7 +276,8 @@ def summary_html(summary: Summary) -> str:
         parts.append(f"<p>Regressions against {html.escape(summary.against)}:</p><ul>{items}</ul>")
     parts.append(f"<p class='note'>{summary.runs} run(s) in the history.</p>")
     if summary.warnings:
-        parts.append("<ul class='note'>" + "".join(f"<li>warning: {html.escape(w)}</li>" for w in summary.warnings) + "</ul>")
+        parts.append("<ul class='note'>" + "".join(f"<li>warning: {html.escape(w)}</li>" for w in summary.warnings)
+                     + "</ul>")
     return "\n".join(parts)
 
 
@@ -305,7 +309,8 @@ def section_html(section: Section, chart_html: Any) -> str:
         fig = metric_figure(section, metric, chart)
         parts.append(f"<h3>{html.escape(chart_title(metric, chart))}</h3>")
         if fig is None:
-            parts.append(f"<p class='nodata'>no {html.escape(chart.title)} in these runs: {html.escape(missing_reason(section, metric))}</p>")
+            parts.append(f"<p class='nodata'>no {html.escape(chart.title)} in these runs: "
+                         f"{html.escape(missing_reason(section, metric))}</p>")
         else:
             parts.append(chart_html(fig, f"{sid}-{metric}"))
     parts.append("</section>")
@@ -320,7 +325,8 @@ def chart_title(metric: str, chart: Chart) -> str:
 
 def missing_reason(section: Section, metric: str) -> str:
     """Why a metric has no value: the monitor's own reasons where the runs recorded them."""
-    reasons = {why for run in section.runs for b in run.cases() for why in b["extra_info"].get("load", {}).get("unavailable", {}).values()}
+    reasons = {why for run in section.runs for b in run.cases()
+               for why in b["extra_info"].get("load", {}).get("unavailable", {}).values()}
     if metric in ("gpu_busy", "sm_activity", "energy_per_epoch_j", "vram_peak_mib") and reasons:
         return "; ".join(sorted(reasons))
     return "not recorded by these runs"
@@ -353,7 +359,8 @@ def fmt(value: float | None, chart: Chart) -> str:
     return f"{value:{chart.fmt}}{'%' if chart.unit == '%' else f' {chart.unit}' if chart.unit else ''}"
 
 
-def point_change(section: Section, labels: list[str], y: list[float | None], index: int, metric: str, chart: Chart) -> str:
+def point_change(section: Section, labels: list[str], y: list[float | None], index: int, metric: str,
+                 chart: Chart) -> str:
     """The change of a point against the same case in the run it was judged against (named
     by its label in `labels`), or why it was judged against none."""
     pairing = section.pairing(index)
@@ -446,14 +453,16 @@ def metric_figure(section: Section, metric: str, chart: Chart) -> Any | None:
                 customdata=[[*customdata[i][:4], _rule(rules[i])] for i in flagged],
                 hovertemplate=(f"<b>REGRESSION: {name}</b><br>commit %{{customdata[0]}}, %{{customdata[1]}}<br>"
                                f"{html.escape(chart.title)}: %{{customdata[2]}}<br>"
-                               "change vs the run judged against: %{customdata[3]}<br>rule that flagged it:<br>  %{customdata[4]}<extra></extra>"),
+                               "change vs the run judged against: %{customdata[3]}<br>"
+                               "rule that flagged it:<br>  %{customdata[4]}<extra></extra>"),
             ))
     step = max(1, math.ceil(len(runs) / MAX_TICKS))
     log = log_axis(drawn)
     title = chart.title + (f" ({chart.unit})" if chart.unit else "") + (", log scale" if log else "")
     fig.update_layout(
         template="plotly_white", height=max(420, 190 + 21 * len(cases)),  # the legend fits unscrolled
-        margin=MARGIN, hovermode="closest", legend={"title": {"text": "case"}, "font": {"size": 11}, "tracegroupgap": 0},
+        margin=MARGIN, hovermode="closest",
+        legend={"title": {"text": "case"}, "font": {"size": 11}, "tracegroupgap": 0},
         xaxis={"tickmode": "array", "tickvals": x[::step], "tickangle": -30, "range": [-0.3, len(runs) - 0.7],
                "ticktext": tick_labels(runs)[::step], "title": {"text": "run (commit, date)"}, "automargin": True},
         yaxis={"title": {"text": title}, "type": "log" if log else "linear", "automargin": True},
@@ -502,7 +511,8 @@ def regression_table(section: Section) -> str:
         new_text = fmt(None if new is None else new * chart.scale, chart)
         against = labels[then] if then is not None else ""
         body.append(
-            f"<tr class='regressed' data-case='{html.escape(case)}' data-experiment='{html.escape(section.experiments[case])}'>"
+            f"<tr class='regressed' data-case='{html.escape(case)}' "
+            f"data-experiment='{html.escape(section.experiments[case])}'>"
             f"<td>{html.escape(run.commit)}</td><td class=when>{html.escape(run.datetime[:19].replace('T', ' '))}</td>"
             f"<td>{html.escape(case)}</td><td>{html.escape(metric)}</td><td class=num>{html.escape(old_text)}</td>"
             f"<td class=num>{html.escape(new_text)}</td><td class='rule'>{html.escape(message)}</td>"

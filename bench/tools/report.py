@@ -286,7 +286,8 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
     rows, reasons = [], []
     for bench in latest.cases():
         info = bench["extra_info"]
-        marks = {m: cases[info["case"]][last] for m, cases in section.flagged.items() if last in cases.get(info["case"], {})}
+        marks = {m: cases[info["case"]][last] for m, cases in section.flagged.items()
+                 if last in cases.get(info["case"], {})}
         if marks:
             verdict = "REGRESSED: " + ", ".join(marks)
         elif against is None:
@@ -298,8 +299,8 @@ def latest_summary(section: Section, runs: int, warnings: list[str]) -> Summary:
             verdict = f"ok (against {labels[other]}, the newest run holding it)"  # type: ignore[index]
         else:
             verdict = "ok"
-        rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}", f"{info['macro_f1']:.3f}",
-                     verdict])
+        rows.append([info["case"], f"{info['median_epoch_s']:.4f}", f"{info['accuracy']:.3f}",
+                     f"{info['macro_f1']:.3f}", verdict])
         reasons += [(info["case"], metric, message) for metric, message in marks.items()]
     headers = ["case", "s/epoch", "accuracy", "macro-F1", "vs previous comparable run"]
     return Summary(latest.gpu, labels[-1], headers, rows, reasons, runs, list(warnings), notes,
@@ -385,7 +386,9 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     return written, warnings
 
 
-INFERENCE_TITLES = {"inference.png": "Inference view: accuracy against p99 latency and energy (the joined serving runs)"}
+INFERENCE_TITLES = {
+    "inference.png": "Inference view: accuracy against p99 latency and energy (the joined serving runs)",
+}
 
 
 def load_searches(paths: Sequence[Path], warnings: list[str]) -> list[dict[str, Any]]:
@@ -510,7 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, help="run files (default: every run in --storage)")
-    parser.add_argument("--storage", type=Path, default=Path(".benchmarks"), help="pytest-benchmark storage. Default: .benchmarks")
+    parser.add_argument("--storage", type=Path, default=Path(".benchmarks"),
+                        help="pytest-benchmark storage. Default: .benchmarks")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="output folder. Default: reports")
     parser.add_argument("--window", type=int, default=50, choices=(50, 100), help="moving-average window. Default: 50")
     parser.add_argument("--series-root", type=Path, action="append", default=[], help="where series files were copied")

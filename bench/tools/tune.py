@@ -64,10 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--experiments", action="store_true",
                         help="only the batch x width pairs the five experiments train (what first-use tuning covers)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    parser.add_argument("--merge", nargs="+", metavar="TABLE", help="merge these table files into --out; measures nothing")
-    parser.add_argument("--from-cache", metavar="CACHE", help="write a first-use tuning cache file's groups into --out; measures nothing")
-    parser.add_argument("--dry-run", action="store_true", help="list shapes and count candidates and compilations; no GPU")
-    parser.add_argument("--sm-count", type=int, default=None, help=f"for --dry-run (default: this GPU's, else {H100_SMS})")
+    parser.add_argument("--merge", nargs="+", metavar="TABLE",
+                        help="merge these table files into --out; measures nothing")
+    parser.add_argument("--from-cache", metavar="CACHE",
+                        help="write a first-use tuning cache file's groups into --out; measures nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list shapes and count candidates and compilations; no GPU")
+    parser.add_argument("--sm-count", type=int, default=None,
+                        help=f"for --dry-run (default: this GPU's, else {H100_SMS})")
     args = parser.parse_args(argv)
     if args.merge:
         try:

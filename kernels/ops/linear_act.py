@@ -287,7 +287,8 @@ def _act_grad_kernel(
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         dz = activation_grad(dy, saved, ACTIVATION, slope, 1.0)  # no GEMM here: a literal will do
-        tl.store(dz_ptr + rows[:, None] * stride_zm + offs_n[None, :] * stride_zn, dz.to(dz_ptr.dtype.element_ty), mask=mask)
+        tl.store(dz_ptr + rows[:, None] * stride_zm + offs_n[None, :] * stride_zn, dz.to(dz_ptr.dtype.element_ty),
+                 mask=mask)
         part = tl.sum(dz, axis=0) - bias_lost
         total = bias + part
         bias_lost = (total - bias) - part
@@ -448,7 +449,8 @@ use_launch_code(_forward, _backward, _launch_direct)
 
 
 @triton_op("loadbench::linear_act_fwd", mutates_args={})
-def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_act_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                   activation: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns Y and, for silu, the pre-activation Z (an empty tensor otherwise)."""
     y, z = _forward(x, w, b, activation, precision_for(x.dtype), CLASS_OF[activation], _launch_traceable)
     return y, z if z is not None else x.new_empty((0, w.shape[0]))
@@ -598,7 +600,8 @@ def linear_act_stack(
     says where it does not); its sums run in another order than the
     layer kernels', so its bits may differ from theirs in the last places."""
     if not (len(weights) == len(biases) == len(activations) > 0):
-        raise ValueError(f"linear_act_stack: {len(weights)} weights, {len(biases)} biases, {len(activations)} activations")
+        raise ValueError(f"linear_act_stack: {len(weights)} weights, {len(biases)} biases, "
+                         f"{len(activations)} activations")
     codes = []
     for i, name in enumerate(activations):
         code = ACTIVATIONS.get(name)

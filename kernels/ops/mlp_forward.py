@@ -48,7 +48,8 @@ def enabled_from_env(value: str | None) -> bool:
 
 ENABLED = enabled_from_env(os.environ.get("LOADBENCH_FUSED_FORWARD"))
 
-_EPOCHS: dict[int, torch.Tensor] = {}  # device index -> int32 [SLOTS, MAX_PROGRAMS], equal along a slot between launches
+# device index -> int32 [SLOTS, MAX_PROGRAMS], equal along a slot between launches
+_EPOCHS: dict[int, torch.Tensor] = {}
 _SCRATCH: dict[int, list[torch.Tensor]] = {}  # device index -> int64 [SLOTS, words], the largest last
 _SMS: dict[int, int] = {}
 LAUNCHES: dict[tuple, dict[str, Any]] = {}  # (rows, widths, dtype) -> what launched: programs, tile
@@ -95,7 +96,8 @@ def _write(acc, b, dst, x_ptr, offs_m, offs_n, M, N, slope, tag, ACTIVATION: tl.
 
 @triton.jit
 def _w_strip(w_ptr, offs_n, offs_k, N, K):
-    return tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+    return tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K),
+                   other=0.0)
 
 
 @triton.jit
@@ -150,27 +152,38 @@ def _mlp_forward_kernel(
     P = tl.num_programs(0)
     tag = tl.load(epochs + pid) % 2147483647 + 1
     if LAYERS == 1:
-        _step(x_ptr, w0, b0, y_ptr, x_ptr, M, N0, K0, slope, pid, P, tag, False, False, FITS, A0, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(x_ptr, w0, b0, y_ptr, x_ptr, M, N0, K0, slope, pid, P, tag, False, False, FITS, A0,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     else:
-        _step(x_ptr, w0, b0, scratch, x_ptr, M, N0, K0, slope, pid, P, tag, False, True, FITS, A0, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(x_ptr, w0, b0, scratch, x_ptr, M, N0, K0, slope, pid, P, tag, False, True, FITS, A0,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     if LAYERS == 2:
-        _step(scratch, w1, b1, y_ptr, x_ptr, M, N1, N0, slope, pid, P, tag, True, False, FITS, A1, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch, w1, b1, y_ptr, x_ptr, M, N1, N0, slope, pid, P, tag, True, False, FITS, A1,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     elif LAYERS > 2:
-        _step(scratch, w1, b1, scratch + row, x_ptr, M, N1, N0, slope, pid, P, tag, True, True, FITS, A1, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch, w1, b1, scratch + row, x_ptr, M, N1, N0, slope, pid, P, tag, True, True, FITS, A1,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     if LAYERS == 3:
-        _step(scratch + row, w2, b2, y_ptr, x_ptr, M, N2, N1, slope, pid, P, tag, True, False, FITS, A2, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch + row, w2, b2, y_ptr, x_ptr, M, N2, N1, slope, pid, P, tag, True, False, FITS, A2,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     elif LAYERS > 3:
-        _step(scratch + row, w2, b2, scratch + 2 * row, x_ptr, M, N2, N1, slope, pid, P, tag, True, True, FITS, A2, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch + row, w2, b2, scratch + 2 * row, x_ptr, M, N2, N1, slope, pid, P, tag, True, True, FITS, A2,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     if LAYERS == 4:
-        _step(scratch + 2 * row, w3, b3, y_ptr, x_ptr, M, N3, N2, slope, pid, P, tag, True, False, FITS, A3, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch + 2 * row, w3, b3, y_ptr, x_ptr, M, N3, N2, slope, pid, P, tag, True, False, FITS, A3,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     elif LAYERS > 4:
-        _step(scratch + 2 * row, w3, b3, scratch + 3 * row, x_ptr, M, N3, N2, slope, pid, P, tag, True, True, FITS, A3, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch + 2 * row, w3, b3, scratch + 3 * row, x_ptr, M, N3, N2, slope, pid, P, tag, True, True, FITS, A3,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     if LAYERS == 5:
-        _step(scratch + 3 * row, w4, b4, y_ptr, x_ptr, M, N4, N3, slope, pid, P, tag, True, False, FITS, A4, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch + 3 * row, w4, b4, y_ptr, x_ptr, M, N4, N3, slope, pid, P, tag, True, False, FITS, A4,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     elif LAYERS > 5:
-        _step(scratch + 3 * row, w4, b4, scratch + 4 * row, x_ptr, M, N4, N3, slope, pid, P, tag, True, True, FITS, A4, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch + 3 * row, w4, b4, scratch + 4 * row, x_ptr, M, N4, N3, slope, pid, P, tag, True, True, FITS, A4,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     if LAYERS == 6:
-        _step(scratch + 4 * row, w5, b5, y_ptr, x_ptr, M, N5, N4, slope, pid, P, tag, True, False, FITS, A5, BLOCK_M, BLOCK_N, BLOCK_K)
+        _step(scratch + 4 * row, w5, b5, y_ptr, x_ptr, M, N5, N4, slope, pid, P, tag, True, False, FITS, A5,
+              BLOCK_M, BLOCK_N, BLOCK_K)
     owned = tl.arange(0, MAX_PROGRAMS)
     tl.store(epochs + owned, tl.zeros([MAX_PROGRAMS], tl.int32) + tag, mask=owned % P == pid)
 

@@ -71,7 +71,8 @@ class LaunchConfig:
         if not all(type(v) is int for v in ints) or cfg.backend not in BACKENDS:
             raise ValueError(f"launch config {data!r}: integer fields, backend one of {', '.join(BACKENDS)}")
         low_r = 1 if cfg.backend == GEMV else 16  # the gemv route has no tl.dot: a tile of one row is fine
-        if any(b < low or b & (b - 1) for b, low in zip(blocks, (low_r, 16, 16))) or cfg.num_warps not in (1, 2, 4, 8, 16):
+        if (any(b < low or b & (b - 1) for b, low in zip(blocks, (low_r, 16, 16)))
+                or cfg.num_warps not in (1, 2, 4, 8, 16)):
             raise ValueError(f"launch config {data!r}: blocks must be powers of two >= 16 (gemv rows >= 1), warps 1-16")
         if cfg.backend == GEMV and (cfg.block_r > GEMV_MAX_ROWS or cfg.split_k != 1):
             raise ValueError(f"launch config {data!r}: the gemv route takes at most {GEMV_MAX_ROWS} rows, no split-K")
@@ -204,7 +205,8 @@ def tuning_candidates(
     less the tiles the occupancy rule (MIN_PROGRAMS_PER_SM) and, in 16 bits, the
     reduction-step rule (ONE_STEP_DTYPES) rule out; `prune=False`: neither rule."""
     heuristic = heuristic_config(rows, cols, reduction, dtype)
-    fits = [c for c in candidates(dtype, reduction if prune else None) if c.block_r <= max(32, _bucket(rows)) and c.block_c <= max(32, _bucket(cols))]
+    fits = [c for c in candidates(dtype, reduction if prune else None)
+            if c.block_r <= max(32, _bucket(rows)) and c.block_c <= max(32, _bucket(cols))]
     out = [heuristic] + [c for c in fits if c != heuristic]
     if kernel == "dw" and sm_count:
         longest = max(REDUCTION_STEPS[dtype])  # a slice is short: take the long step

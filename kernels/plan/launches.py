@@ -174,13 +174,15 @@ class Launches:
             if raw and group.get("key_format") != KEY_FORMAT:
                 self._warn_once(
                     f"{TABLE_PATH}: {gpu}: tuned before its keys named the precision and activation class "
-                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. Re-tune it: python -m bench.tools.tune"
+                    f"(key format {group.get('key_format', 1)}, not {KEY_FORMAT}); not used. "
+                    "Re-tune it: python -m bench.tools.tune"
                 )
                 raw = {}
             parsed = {}
             for key, cfg in raw.items():
                 try:
-                    parsed[key] = check_route(key, cfg if isinstance(cfg, LaunchConfig) else LaunchConfig.from_dict(cfg))
+                    parsed[key] = check_route(key, cfg if isinstance(cfg, LaunchConfig)
+                                              else LaunchConfig.from_dict(cfg))
                 except (ValueError, TypeError) as exc:
                     self._warn_once(f"{TABLE_PATH}: {gpu}: {key}: {exc}; using the heuristic for it")
             self._tables[gpu] = parsed
@@ -242,7 +244,8 @@ class Launches:
         if self.mode == "off" or measure is None:
             return heuristic, "heuristic", None, True
         if busy is not None:
-            return heuristic, "heuristic", f"first call during {busy}: heuristic for it, tuned on the next eager call", False
+            return (heuristic, "heuristic",
+                    f"first call during {busy}: heuristic for it, tuned on the next eager call", False)
         cfg, note = self.tune(kernel, rows, cols, red, dtype, device, measure, precision, act_class)
         return (cfg, "tuned", None, True) if cfg is not None else (heuristic, "heuristic", note, True)
 
@@ -308,8 +311,10 @@ class Launches:
         if second is not None:
             self._fused_second[gpu, key] = second
         heuristic_ms = full.get(0)  # candidate 0 is the heuristic's tile
-        versus = f"heuristic {heuristic_ms * 1000:.1f} us" if heuristic_ms is not None else "heuristic not a finalist or failed"
-        print(f" -> {best.describe()}: {best_ms * 1000:.1f} us ({versus}) in {seconds:.1f} s", file=sys.stderr, flush=True)
+        versus = (f"heuristic {heuristic_ms * 1000:.1f} us" if heuristic_ms is not None
+                  else "heuristic not a finalist or failed")
+        print(f" -> {best.describe()}: {best_ms * 1000:.1f} us ({versus}) in {seconds:.1f} s",
+              file=sys.stderr, flush=True)
         entry = {
             "config": dataclasses.asdict(best),
             "ms": best_ms,
@@ -358,7 +363,8 @@ class Launches:
 
     # ------------------------------------------------------------------- plans
 
-    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str, act_class: str) -> Plan:
+    def plan(self, kernel: str, rows: int, cols: int, red: int, like: torch.Tensor, precision: str,
+             act_class: str) -> Plan:
         dtype, device = like.dtype, like.device
         busy = _why_not_now(like)
         cfg, source, note, final = self.resolve(kernel, rows, cols, red, dtype, device, busy, precision, act_class)
@@ -415,7 +421,8 @@ class Launches:
 
     def record(self, kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class) -> None:  # type: ignore[no-untyped-def]
         cfg = plan.cfg
-        route = cfg.describe() if cfg.backend != TRITON else f"triton split-K {plan.splits}" if plan.splits > 1 else "triton"
+        route = (cfg.describe() if cfg.backend != TRITON
+                 else f"triton split-K {plan.splits}" if plan.splits > 1 else "triton")
         entry: dict[str, Any] = {
             "kernel": kernel,
             "dtype": str(dtype).removeprefix("torch."),

@@ -63,7 +63,8 @@ class KernelShape:
 
     @property
     def key(self) -> str:
-        return launch_plan.shape_key(self.kernel, self.rows, self.cols, self.red, self.dtype, self.precision, self.act_class)
+        return launch_plan.shape_key(self.kernel, self.rows, self.cols, self.red, self.dtype, self.precision,
+                                     self.act_class)
 
 
 def _precision_of(dtype: torch.dtype) -> str:
@@ -81,10 +82,12 @@ def kernel_shapes(
         runs = [(b, w, "leaky_relu") for b, w in pairs] + ([(*silu_at, "silu")] if silu_at in pairs else [])
         for batch, width, activation in runs:
             sizes = [FEATURES] + [width] * DEPTH
-            layers = [(batch, o, i, activation) for i, o in zip(sizes[:-1], sizes[1:])] + [(batch, CLASSES, width, "identity")]
+            layers = ([(batch, o, i, activation) for i, o in zip(sizes[:-1], sizes[1:])]
+                      + [(batch, CLASSES, width, "identity")])
             for m, n, k, act in layers:
                 for kernel, rows, cols, red in launch_plan.kernel_shapes(m, n, k, input_grad=k != FEATURES):
-                    out.append(KernelShape(kernel, rows, cols, red, dtype, _precision_of(dtype), launch_plan.activation_class(act)))
+                    out.append(KernelShape(kernel, rows, cols, red, dtype, _precision_of(dtype),
+                                           launch_plan.activation_class(act)))
     return out
 
 
@@ -197,7 +200,8 @@ def tune(
         calls, replays = launches.QUICK_TIMING if quick else TABLE_TIMING
         return launches.time_launch(kernel, m, n, k, dtype, cfg, device, calls, replays, activation=activation)
 
-    tuner = launches.Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure, prepare=launches.precompile)
+    tuner = launches.Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure,
+                              prepare=launches.precompile)
     gpu = tuner.model(device)
     for s in unique_classes(shapes):
         tuner.tune(s.kernel, s.rows, s.cols, s.red, s.dtype, device, measure, s.precision, s.act_class)
@@ -223,8 +227,8 @@ def write_table(
         "triton": triton_version,
         "timing": timing
         or f"CUDA-graph replay, median ms per call (launches.replay_ms): every candidate "
-        f"{launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays, the fastest {launches.FINALISTS} and the "
-        f"heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
+        f"{launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays, "
+        f"the fastest {launches.FINALISTS} and the heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
         "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
         "evidence": {key: evidence(entry) for key, entry in sorted(measured.items())},
     }
@@ -281,7 +285,8 @@ def read_measured(path: str) -> dict[str, dict[str, dict]]:
             for gpu, table in tables.items()
         }
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a launch table written by bench.tools.tune ({type(exc).__name__}: {exc})") from None
+        raise ValueError(f"{path}: not a launch table written by bench.tools.tune "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def merge_measured(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:

@@ -67,7 +67,8 @@ def compile_task(compile_fn: Callable[[], Any]) -> tuple | None:
     return task
 
 
-def compile_in_worker(module: str, name: str, signature: dict, constants: dict, attrs: dict, target: Any, options: dict) -> str:
+def compile_in_worker(module: str, name: str, signature: dict, constants: dict, attrs: dict, target: Any,
+                      options: dict) -> str:
     """In a worker: compile the kernel `module.name` as the closure would; Triton stores
     it in its cache. Returns the compiled kernel's name (for tests)."""
     import triton
