@@ -509,6 +509,28 @@ def test_the_phase_tool_takes_a_tile_shape_and_refuses_a_bad_one(capsys) -> None
     assert "argument --swap: invalid choice: 8" in capsys.readouterr().err
 
 
+def test_the_phase_tool_sets_any_blocks_field_and_refuses_a_bad_one(capsys) -> None:
+    from bench.tools.step_phases import blocks_changes
+    from bench.tools.step_phases import main
+    from bench.tools.step_phases import parse_setting
+
+    fields = [f.name for f in dataclasses.fields(mlp_step.Blocks)]
+    assert parse_setting("head_k=64") == ("head_k", 64)
+    assert blocks_changes([("k", 64), ("flags", 0)], fields) == {"k": 64, "flags": False}
+    for bad in ("k", "k=", "k=-1", "k=6.5", "=3", "k 64"):
+        with pytest.raises(SystemExit) as stop:
+            main(["--set", bad])
+        assert stop.value.code == 2
+        assert f"argument --set: {bad!r}: expected FIELD=VALUE" in capsys.readouterr().err
+    for args, message in ((["--set", "head=64"], "Blocks has no field 'head' (it has: m, n, k, head_m"),
+                          (["--set", "k=64", "--set", "k=32"], "--set k: given twice"),
+                          (["--set", "flags=2"], "--set flags=2: use 0 (grid barriers) or 1")):
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err
+
+
 def test_the_phase_tool_refuses_without_a_gpu(capsys) -> None:
     if CUDA:
         pytest.skip("checks the no-GPU message")

@@ -5,6 +5,7 @@
     python -m bench.tools.step_phases --tiles 32x64           # another tile shape than blocks_for's
     python -m bench.tools.step_phases --sync flags            # no grid barriers: tiles wait on counters
     python -m bench.tools.step_phases --precision tf32 --swap 0  # no product transposed (wgmma off)
+    python -m bench.tools.step_phases --precision bf16 --set head_k=128 --set k=64  # any Blocks field
 
 Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps in replays
 of a CUDA graph, then runs a few with %globaltimer stamps at every grid barrier and prints,
@@ -65,6 +66,29 @@ def parse_tiles(text: str) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+def parse_setting(text: str) -> tuple[str, int]:
+    """'FIELD=VALUE' (a whole number; for flags 0 or 1) as one Blocks field for the run."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier() or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with a whole number (e.g. k=64)")
+    return name, int(value)
+
+
+def blocks_changes(settings: Sequence[tuple[str, int]], fields: Sequence[str]) -> dict[str, int | bool]:
+    """The --set pairs as Blocks.replace keywords: each a field of `fields`, each named
+    once, flags as a bool."""
+    changes: dict[str, int | bool] = {}
+    for name, value in settings:
+        if name not in fields:
+            raise ValueError(f"--set {name}={value}: Blocks has no field {name!r} (it has: {', '.join(fields)})")
+        if name in changes:
+            raise ValueError(f"--set {name}: given twice")
+        if name == "flags" and value not in (0, 1):
+            raise ValueError(f"--set flags={value}: use 0 (grid barriers) or 1 (counter waits)")
+        changes[name] = bool(value) if name == "flags" else value
+    return changes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.step_phases", description=__doc__.split("\n\n")[0])
     parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32")
@@ -81,8 +105,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--swap", type=int, choices=range(8), default=None, metavar="BITS",
                         help="hidden products run transposed, bits: 1 forward, 2 input-gradient, 4 weight tiles "
                              "(default: the kernel's choice)")
+    parser.add_argument("--set", type=parse_setting, action="append", default=[], metavar="FIELD=VALUE",
+                        help="any field of kernels/ops/mlp_step.py's Blocks for this run, after the options "
+                             "above (repeatable), e.g. k=64, head_k=128, stages=2, copies=0")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args(argv)
+    from kernels.ops.mlp_step import Blocks
+
+    try:
+        changes = blocks_changes(args.set, [f.name for f in dataclasses.fields(Blocks)])
+    except ValueError as exc:
+        parser.error(str(exc))
 
     import torch
 
@@ -110,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         step.use_blocks(dataclasses.replace(step.blocks, flags=args.sync == "flags"))
     if args.swap is not None:
         step.use_blocks(dataclasses.replace(step.blocks, swap=args.swap))
+    if changes:
+        step.use_blocks(dataclasses.replace(step.blocks, **changes))
     batches = torch.randint(0, rows, (args.steps, args.batch), device="cuda")
     total = torch.zeros((), device="cuda")
     for index in batches[:10]:  # compiles, and settles the grid
