@@ -516,7 +516,8 @@ def test_the_phase_tool_sets_any_blocks_field_and_refuses_a_bad_one(capsys) -> N
 
     fields = [f.name for f in dataclasses.fields(mlp_step.Blocks)]
     assert parse_setting("head_k=64") == ("head_k", 64)
-    assert blocks_changes([("k", 64), ("flags", 0)], fields) == {"k": 64, "flags": False}
+    assert blocks_changes([("k", 64), ("flags", 0)], fields, ["flags"]) == {"k": 64, "flags": False}
+    assert blocks_changes([("flags", 1)], fields, ["flags"]) == {"flags": True}
     for bad in ("k", "k=", "k=-1", "k=6.5", "=3", "k 64"):
         with pytest.raises(SystemExit) as stop:
             main(["--set", bad])
@@ -524,7 +525,7 @@ def test_the_phase_tool_sets_any_blocks_field_and_refuses_a_bad_one(capsys) -> N
         assert f"argument --set: {bad!r}: expected FIELD=VALUE" in capsys.readouterr().err
     for args, message in ((["--set", "head=64"], "Blocks has no field 'head' (it has: m, n, k, head_m"),
                           (["--set", "k=64", "--set", "k=32"], "--set k: given twice"),
-                          (["--set", "flags=2"], "--set flags=2: use 0 (grid barriers) or 1")):
+                          (["--set", "flags=2"], "--set flags=2: a switch, 0 (off) or 1 (on)")):
         with pytest.raises(SystemExit) as stop:
             main(args)
         assert stop.value.code == 2

@@ -74,18 +74,20 @@ def parse_setting(text: str) -> tuple[str, int]:
     return name, int(value)
 
 
-def blocks_changes(settings: Sequence[tuple[str, int]], fields: Sequence[str]) -> dict[str, int | bool]:
+def blocks_changes(
+    settings: Sequence[tuple[str, int]], fields: Sequence[str], switches: Sequence[str] = ("flags",),
+) -> dict[str, int | bool]:
     """The --set pairs as Blocks.replace keywords: each a field of `fields`, each named
-    once, flags as a bool."""
+    once, the `switches` (bool fields) 0 or 1, as a bool."""
     changes: dict[str, int | bool] = {}
     for name, value in settings:
         if name not in fields:
             raise ValueError(f"--set {name}={value}: Blocks has no field {name!r} (it has: {', '.join(fields)})")
         if name in changes:
             raise ValueError(f"--set {name}: given twice")
-        if name == "flags" and value not in (0, 1):
-            raise ValueError(f"--set flags={value}: use 0 (grid barriers) or 1 (counter waits)")
-        changes[name] = bool(value) if name == "flags" else value
+        if name in switches and value not in (0, 1):
+            raise ValueError(f"--set {name}={value}: a switch, 0 (off) or 1 (on)")
+        changes[name] = bool(value) if name in switches else value
     return changes
 
 
@@ -113,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kernels.ops.mlp_step import Blocks
 
     try:
-        changes = blocks_changes(args.set, [f.name for f in dataclasses.fields(Blocks)])
+        fields = dataclasses.fields(Blocks)
+        changes = blocks_changes(args.set, [f.name for f in fields], [f.name for f in fields if f.type == "bool"])
     except ValueError as exc:
         parser.error(str(exc))
 
