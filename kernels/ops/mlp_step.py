@@ -5,7 +5,8 @@ tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per layer its input-gradi
 tiles beside the next layer's weight-gradient tiles, the optimizer in their epilogue;
 last dW_1 and dW_0. Between phases either a grid barrier, or (Blocks.flags) each tile
 waits on counters for the tiles it reads, and a weight's update for its last readers.
-At TF32 and bf16 the backward tiles read transposed copies of W, A and G (bf16 at bf16);
+Each phase deals its tiles from program 0, or (Blocks.balance) the step deals all of
+them as one sequence, so that a phase's idle programs take the next one's first. At TF32 and bf16 the backward tiles read transposed copies of W, A and G (bf16 at bf16);
 with 64-column tiles every hidden product runs transposed (Hopper's wgmma). Each dW tile
 is reduced by one program in order: a step is deterministic and its bits do not depend
 on P. Parameters, gradients and state are a FlatOptimizer's, so either route continues
@@ -136,6 +137,18 @@ def _stamp(times_ptr, column, TIMING: tl.constexpr):
     """With TIMING, this program's %globaltimer (ns) into its row of times_ptr (docs only)."""
     if TIMING:
         tl.store(times_ptr + tl.program_id(0) * 32 + column, tl.extra.cuda.globaltimer())
+
+
+@triton.jit
+def _first(pid, P, base, BALANCE: tl.constexpr):
+    """This program's first tile of a phase that follows `base` tiles of the step's earlier
+    phases: with BALANCE the step's tiles are dealt out as one sequence, program p taking
+    every P-th from p, so the programs a phase left without a tile take the next phase's
+    first ones; without, every phase deals from program 0."""
+    if BALANCE:
+        return (pid + P - base % P) % P
+    else:
+        return pid
 
 
 @triton.jit
@@ -542,7 +555,8 @@ def _step_kernel(
     x_ptr, y_ptr, idx_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, step_ptr, n_steps, layout_ptr,
     act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr, sync_ptr,
     M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one,
-    L: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
+    L: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, BALANCE: tl.constexpr, ACTIVATION: tl.constexpr,
+    SAVE_Z: tl.constexpr,
     DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr, BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORWARD_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
@@ -563,7 +577,10 @@ def _step_kernel(
     hidden products load unmasked. BATCH_TAIL: the weight tiles mask the batch only in a
     short batch's last, partial reduction step. A shorter batch's rows past M then read scratch rows
     below M_MAX, which feed only output rows past M, never stored. SWAP (bits): 1 the forward
-    tiles', 2 the input-gradient tiles', 4 the weight tiles' products run transposed (_mma)."""
+    tiles', 2 the input-gradient tiles', 4 the weight tiles' products run transposed (_mma).
+    BALANCE: the step's tiles are dealt to the programs as one sequence (_first). A tile
+    computes the same bits whichever program takes it, and a program still takes its tiles
+    in the step's order, so the lowest unfinished tile can always run."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
@@ -587,6 +604,7 @@ def _step_kernel(
     # Forward through the hidden layers: layer 0 gathers X's rows; the others share one
     # copy of the tile code (a run-time loop), so a phase finds its instructions cached.
     w_off, b_off, N, K = _layer(layout_ptr, 0, ALIGNED, False)
+    base = pid.to(tl.int64) * 0  # tiles of the phases before this one (BALANCE)
     for t in range(pid, R * tl.cdiv(N, BLOCK_N), P):
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
                       act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
@@ -594,9 +612,10 @@ def _step_kernel(
         if FLAGS:
             _signal(rows_a + t // tl.cdiv(N, BLOCK_N), rows_a, False)
     _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING, FLAGS)
+    base += R * tl.cdiv(N, BLOCK_N)
     for i in range(1, L - 1):
         w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED, ALIGNED)
-        for t in range(pid, R * tl.cdiv(N, BLOCK_N), P):
+        for t in range(_first(pid, P, base, BALANCE), R * tl.cdiv(N, BLOCK_N), P):
             if FLAGS:  # row block r of A_i: the previous layer's tiles of those rows
                 _wait(rows_a + (i - 1) * rb + t // tl.cdiv(N, BLOCK_N), tl.cdiv(K, BLOCK_N), flag_ptr, SPIN)
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
@@ -607,12 +626,13 @@ def _step_kernel(
             if FLAGS:
                 _signal(rows_a + i * rb + t // tl.cdiv(N, BLOCK_N), done_f + i, COPIES & 1)
         _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING, FLAGS)
+        base += R * tl.cdiv(N, BLOCK_N)
     # The head, the loss, G_{L-1} and G_{L-2}.
     h = L - 1
     w_off, b_off, _, K = _layer(layout_ptr, L - 1, False, ALIGNED)
     saved = z_ptr  # the host passes act as z where no Z is kept
     head_tiles = tl.cdiv(M, HEAD_M) * tl.cdiv(K, BLOCK_N)
-    for t in range(pid, head_tiles, P):
+    for t in range(_first(pid, P, base, BALANCE), head_tiles, P):
         r = t // tl.cdiv(K, BLOCK_N) * HEAD_M // BLOCK_M
         if FLAGS:
             _wait(rows_a + (L - 2) * rb + r, tl.cdiv(K, BLOCK_N), flag_ptr, SPIN)
@@ -623,6 +643,7 @@ def _step_kernel(
         if FLAGS:
             _signal(rows_g + (L - 2) * rb + r, done_g + L - 1, True)
     _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, L - 1, TIMING, FLAGS)
+    base += head_tiles
     # Phase j: G_{k-1} for k = L-2-j (none when k = 0) beside dW_{k+1}, whose old weights
     # were last read in the phase before; the last phase (k = 0) adds dW_0. One run-time
     # loop, so every phase runs the same copy of the tile code. Layer 0's K (the input
@@ -659,7 +680,7 @@ def _step_kernel(
         else:
             all_u = done_g + u
             all_u_count = R * tl.cdiv(Nu, BLOCK_N)
-        for t in range(pid, tiles, P):
+        for t in range(_first(pid, P, base, BALANCE), tiles, P):
             if t < data_tiles:
                 if FLAGS:
                     r = t // tl.cdiv(K, BLOCK_N)
@@ -694,6 +715,7 @@ def _step_kernel(
                              LR_DECAY, ALPHA)
         if k > 0:
             _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING, FLAGS)
+        base += tiles
     # Program 0 adds the batch's loss to the total and advances the step counts.
     _stamp(times_ptr, 4 * L - 3, TIMING)
     if pid == 0:
@@ -734,6 +756,7 @@ class Blocks:
     flags: bool = False  # tiles wait for the tiles they read (counters), not for grid barriers
     k_forward: int = 0  # the forward tiles' reduction step, where not k
     swap: int = 0  # bits: the forward (1), input-gradient (2), weight (4) tiles' products run transposed (_mma)
+    balance: bool = False  # the step's tiles dealt to the programs as one sequence, not phase by phase
 
     @property
     def chunk(self) -> int:
@@ -752,15 +775,17 @@ def blocks_for(
     At TF32 and bf16 every hidden product runs transposed (`swap`: Hopper's wgmma) with
     64-column tiles, bf16 at any tile, the backward tiles reading W, A and G from
     transposed copies (`copies`; bf16 copies at bf16). Tiles wait for what they read, not
-    for grid barriers (`flags`), except at fp32 under 256 rows. The forward tiles reduce
+    for grid barriers (`flags`), except at fp32 under 128 rows. The forward tiles reduce
     64 at a time (`k_forward`) where that was faster, and at TF32 with 16 x 64 tiles the
-    backward tiles too (`k`). Measured choices: docs/results-mlp-step.md."""
+    backward tiles too (`k`). With 16 x 32 tiles and counter waits the step's tiles are
+    dealt out as one sequence (`balance`; not at fp32 and width 256): phase by phase, half
+    the programs had no tile of a 128-tile phase. Measured choices: docs/results-mlp-step.md."""
     bf16, tf32 = precision == "bf16", precision == "tf32"
     copies = ALL_COPIES if bf16 else 0
     if interpreter:  # the swapped products and copies too, so that CI runs the GPU's choice
         fp32 = precision == "fp32"
         return Blocks(16, 16, 16, 16, 4, head_k=16, copies=0 if fp32 else ALL_COPIES, flags=True,
-                      swap=0 if fp32 else SWAP_CHOSEN)
+                      swap=0 if fp32 else SWAP_CHOSEN, balance=True)
     programs = 2 * sms  # Blocks.per_sm below; one per SM only where two do not fit
     if precision == "fp32" and width > 512 and cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
         return Blocks(32, 64, 32, 16, 4, per_sm=2)
@@ -772,10 +797,12 @@ def blocks_for(
         head_k = 64 if bf16 else 128  # bf16's logits: 2% faster in steps of 64, TF32's even
         return Blocks(16, 64, backward_k, 16, 4, per_sm=2, copies=ALL_COPIES, flags=True, k_forward=64,
                       swap=SWAP_CHOSEN, head_k=head_k)
-    flags = precision != "fp32" or rows >= 256
+    flags = precision != "fp32" or rows >= 128  # fp32's 128 rows: only with balance
     k_forward = 64 if bf16 or (tf32 and rows < 256) else 0
     swap = SWAP_CHOSEN if bf16 else 0
-    return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward, swap=swap)
+    balance = flags and (precision != "fp32" or width != 256)  # 2% slower there, 3-13% faster elsewhere
+    return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward, swap=swap,
+                  balance=balance)
 
 
 def whole_tiles(rows: int, hidden: list[int], blocks: Blocks) -> bool:
@@ -925,7 +952,8 @@ class FusedStep:
             self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
         ]
         kwargs = dict(
-            L=self.L, COPIES=b.copies, FLAGS=b.flags, ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
+            L=self.L, COPIES=b.copies, FLAGS=b.flags, BALANCE=b.balance, ACTIVATION=self.activation,
+            SAVE_Z=self.save_z, DOT=self.dot,
             ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
             BATCH_TAIL=self.unmasked, SWAP=b.swap,
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, FORWARD_K=b.k_forward or b.k, CHUNK=b.chunk, HEAD_M=b.head_m,
