@@ -5,9 +5,7 @@ tiles; the head (logits, loss, G_{L-1}, G_{L-2}); then per layer its input-gradi
 tiles beside the next layer's weight-gradient tiles, the optimizer in their epilogue;
 last dW_1 and dW_0. Between phases either a grid barrier, or (Blocks.flags) each tile
 waits on counters for the tiles it reads, and a weight's update for its last readers.
-Each phase deals its tiles from program 0, or (Blocks.balance) the step deals all of
-them as one sequence, so that a phase's idle programs take the next one's first. At
-TF32 and bf16 the backward tiles read transposed copies of W, A and G (bf16 at bf16);
+At TF32 and bf16 the backward tiles read transposed copies of W, A and G (bf16 at bf16);
 with 64-column tiles every hidden product runs transposed (Hopper's wgmma). Each dW tile
 is reduced by one program in order: a step is deterministic and its bits do not depend
 on P. Parameters, gradients and state are a FlatOptimizer's, so either route continues
