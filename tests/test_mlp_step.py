@@ -476,6 +476,22 @@ def test_the_study_shape_on_a_gpu(precision, flags) -> None:
     assert torch.equal(runs[0], runs[1])
 
 
+def thirty_steps(shape, **changes):
+    """(parameters, summed loss, programs) after 30 steps of the fused step at `shape`
+    (width, depth, batch, precision) with these Blocks changes, every seventh batch short
+    as an epoch's last one is."""
+    width, depth, batch, precision = shape
+    x, y, (model, _), (optim, _), _ = problem(width, depth, "leaky_relu", "adam", rows=4000)
+    step = fused(x, y, model, optim, "leaky_relu", batch, precision)
+    step.use_blocks(dataclasses.replace(step.blocks, **changes))
+    total = torch.zeros((), device=DEVICE)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    for s in range(30):
+        step(order[(s * batch) % 3000 :][: batch - 13 * (s % 7 == 6)], total)
+    step.check()
+    return optim.flat.detach().clone(), total.clone(), step.programs
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (128, 1, 64, "fp32")],
@@ -484,19 +500,8 @@ def test_flags_race_nothing_on_a_gpu(shape) -> None:
     """With every program resident and running at once, 30 steps whose tiles wait on
     counters (some batches short) end on the bits the grid barriers give: a read that
     raced its producer would show as a difference somewhere in the parameters."""
-    width, depth, batch, precision = shape
-    results = []
-    for flags in (False, True):
-        x, y, (model, _), (optim, _), _ = problem(width, depth, "leaky_relu", "adam", rows=4000)
-        step = fused(x, y, model, optim, "leaky_relu", batch, precision)
-        step.use_blocks(dataclasses.replace(step.blocks, flags=flags))
-        total = torch.zeros((), device=DEVICE)
-        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(3)).to(DEVICE)
-        for s in range(30):  # every seventh batch short, as an epoch's last one is
-            step(order[(s * batch) % 3000 :][: batch - 13 * (s % 7 == 6)], total)
-        step.check()
-        results.append((optim.flat.detach().clone(), total.clone()))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    (flat, total, _), (flat_flags, total_flags, _) = (thirty_steps(shape, flags=flags) for flags in (False, True))
+    assert torch.equal(flat, flat_flags) and torch.equal(total, total_flags)
 
 
 @gpu
@@ -508,20 +513,10 @@ def test_tiles_dealt_as_one_sequence_give_the_same_bits_on_a_gpu(shape) -> None:
     """Blocks.balance changes which program takes a tile, not what the tile computes: 30
     steps (some batches short) end on the same bits dealt either way, with counter waits
     and with grid barriers (fp32 at batch 64)."""
-    width, depth, batch, precision = shape
-    results = []
-    for balance in (False, True):
-        x, y, (model, _), (optim, _), _ = problem(width, depth, "leaky_relu", "adam", rows=4000)
-        step = fused(x, y, model, optim, "leaky_relu", batch, precision)
-        step.use_blocks(dataclasses.replace(step.blocks, balance=balance))
-        total = torch.zeros((), device=DEVICE)
-        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(3)).to(DEVICE)
-        for s in range(30):
-            step(order[(s * batch) % 3000 :][: batch - 13 * (s % 7 == 6)], total)
-        step.check()
-        assert step.programs > 100  # many programs, so the two deals differ
-        results.append((optim.flat.detach().clone(), total.clone()))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    (flat, total, programs), (flat_dealt, total_dealt, _) = (
+        thirty_steps(shape, balance=balance) for balance in (False, True))
+    assert programs > 100  # many programs, so the two deals differ
+    assert torch.equal(flat, flat_dealt) and torch.equal(total, total_dealt)
 
 
 def test_the_phase_table_reads_the_stamps() -> None:
