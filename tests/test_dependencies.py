@@ -55,7 +55,7 @@ def test_hypothesis_is_a_test_dependency_only():
 
 def test_torch_and_triton_are_bounded_where_the_code_needs_it():
     specs = {name_of(r): spec_of(r) for r in PROJECT["dependencies"]}
-    assert specs["torch"] == ">=2.6"  # torch.library.triton_op is public from 2.6
+    assert specs["torch"] == ">=2.11"  # the GPU machines' torch; torch.library.triton_op is public from 2.6
     assert re.fullmatch(r">=3\.\d+,<3\.\d+", specs["triton"]), specs["triton"]
 
 
@@ -66,3 +66,17 @@ def test_the_triton_bound_ends_where_the_runtime_corner_was_tested():
     assert upper is not None
     below = (int(upper.group(1)), int(upper.group(2)) - 1)
     assert below == versions.TRITON_NEWEST
+
+
+def test_the_lowest_version_check_pins_every_lower_bound_but_torch_and_triton():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lowest", ROOT / ".ci" / "lowest.py")
+    lowest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lowest)  # type: ignore[union-attr]
+    pins = dict(pin.split("==") for pin in lowest.lowest_pins(ROOT / "pyproject.toml", ["test"]))
+    assert "torch" not in pins and "triton" not in pins
+    assert pins["pytest-benchmark"] == spec_of(next(r for r in PROJECT["dependencies"]
+                                                      if name_of(r) == "pytest-benchmark")).removeprefix(">=")
+    assert "hypothesis" in pins and "tomli" not in pins  # the test extra's too; tomli's marker is false on 3.11+
+    assert "lowest.py" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")

@@ -17,6 +17,8 @@ from bench.plugin.options import plant_on
 from bench.plugin.startup import compare_path
 from bench.plugin.startup import compare_problem
 from bench.plugin.startup import directory_problem
+from bench.plugin.startup import file_problem
+from bench.plugin.startup import json_path
 from bench.tools.merge import main as merge_main
 from kernels import env
 
@@ -81,12 +83,32 @@ def test_bad_input_is_one_line_and_a_usage_error(
     assert "collected" not in result.stdout.str()
 
 
-def test_a_benchmark_json_folder_in_the_way_is_refused_by_its_parser(suite: pytest.Pytester) -> None:
-    """pytest-benchmark opens --benchmark-json while parsing the command line, before any hook runs."""
-    result = suite.runpytest_inprocess("--collect-only", "-q", "--benchmark-json", "a-file/out.json")
+@pytest.mark.parametrize(("args", "said"), [
+    (["--benchmark-json", "a-file/out.json"], "not a directory"),
+    (["--benchmark-json", "."], "is a directory"),
+    (["--benchmark-autosave", "--benchmark-storage", "a-file/runs"], "not a directory"),
+], ids=["json-under-a-file", "json-a-directory", "storage-under-a-file"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_anything_runs(
+    suite: pytest.Pytester, args: list[str], said: str
+) -> None:
+    """The suite checks its output paths itself: pytest-benchmark 5.2 opened --benchmark-json
+    while parsing (its own one-line error), 5.3 only after every case had trained."""
+    result = suite.runpytest_inprocess("--collect-only", "-q", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
-    result.stderr.fnmatch_lines(["*--benchmark-json: can't open 'a-file/out.json'*Not a directory*"])
+    lines = [text for text in result.stderr.lines if text.strip()]
+    # One line of ours; before 5.3, pytest-benchmark's parser refused the JSON path first, with its usage.
+    assert len(lines) == 1 or lines[0].startswith("ERROR: usage:"), lines
+    assert any(args[-1] in line and said in line.lower() for line in lines), lines
+    assert "collected" not in result.stdout.str()
+
+
+def test_an_output_file_is_checked_where_it_would_land(tmp_path: Path) -> None:
+    assert file_problem(tmp_path / "new" / "run.json") is None and (tmp_path / "new").is_dir()
+    assert file_problem(tmp_path) == "is a directory; give a file path"
+    (tmp_path / "f").write_text("")
+    assert file_problem(tmp_path / "f" / "run.json") == f"{tmp_path / 'f'} is a file, not a directory"
+    assert json_path(None) is None and json_path("a/b.json") == Path("a/b.json")
 
 
 def test_a_missing_series_folder_is_made_at_start_up(suite: pytest.Pytester) -> None:

@@ -46,7 +46,14 @@ def check_start(config: pytest.Config) -> None:
     if compare is not None:
         config.option.benchmark_compare = compare = startup.compare_path(compare)
         problem = problem or startup.compare_problem(compare, config.getoption("benchmark_storage", ""))
+    json_path = startup.json_path(config.getoption("benchmark_json", None))
+    if problem is None and json_path is not None:
+        trouble = startup.file_problem(json_path.expanduser())
+        problem = trouble and f"--benchmark-json {json_path}: {trouble}"
     folders = [(f"--series-dir {config.getoption('series_dir')}", config.getoption("series_dir"))]
+    if config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None):
+        storage = startup.storage_dir(str(config.getoption("benchmark_storage", "") or ""))
+        folders.append((f"--benchmark-storage {storage}", storage))
     folders += [(f"{name}={loadbench_env.read(name)}", loadbench_env.read(name))
                 for name in loadbench_env.PATH_VARIABLES]
     for where, folder in folders:

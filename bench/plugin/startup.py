@@ -7,6 +7,7 @@ not a session of training followed by a traceback.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,29 @@ def directory_problem(path: Path) -> str | None:
     except OSError as exc:
         return f"cannot be written ({exc.strerror or exc})"
     return None
+
+
+def file_problem(path: Path) -> str | None:
+    """Why `path` cannot be a file this run writes at its end, or None once its folder
+    exists and takes a new file. Checked at start-up whatever pytest-benchmark does with
+    the option (5.2 opened the file while parsing; 5.3 opens it only to write the run,
+    after every case has trained)."""
+    if path.is_dir():
+        return "is a directory; give a file path"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "cannot be written (permission denied)"
+    for part in path.parents:
+        if part.exists() and not part.is_dir():
+            return f"{part} is a file, not a directory"
+    return directory_problem(path.parent)
+
+
+def json_path(value: object) -> Path | None:
+    """--benchmark-json's value as a path: pytest-benchmark 5.3 parses it as a Path, 5.2
+    opened it as a file while parsing."""
+    if not value:
+        return None
+    return Path(value) if isinstance(value, (str, os.PathLike)) else Path(getattr(value, "name"))
 
 
 def storage_dir(storage: str) -> Path | None:
