@@ -22,10 +22,10 @@ import pytest
 from bench.cases import Case
 from bench.cases import EXPERIMENTS
 from bench.cases import experiment_cases
-from bench.gate.judge import judge as judge_record
 from bench.gate.record import SERVING_FIELDS
 from bench.gate.record import names
-from bench.gate.runs import case_history
+from bench.plugin.verdicts import fail_on
+from bench.plugin.verdicts import judge_in_test
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import GpuProbe
 from bench.monitor.sampler import LoadMonitor
@@ -162,20 +162,4 @@ def judge(session: Any, benchmark: Any, case: Case, variant: str, record: dict[s
     this test's failure, and the record (with its verdict) is already in extra_info."""
     options = session.options
     budget = session.budgets.resolve_inference(options.profile.name, variant, case.id, options.dataset)
-    found = session.baseline_for(benchmark.fullname)
-    baseline, then = (found[0], found[1].get("extra_info", {})) if found is not None else (None, None)
-    verdict = judge_record(
-        record, budget, then=then,
-        history=case_history(baseline.history, benchmark.fullname) if baseline is not None else (),
-        baseline=str(baseline.path) if baseline is not None else None,
-        gating=baseline.gating if baseline is not None else False,
-        reason=baseline.reason if baseline is not None else session.no_baseline_reason,
-        profile=options.profile.name, epochs=options.epochs,
-    ).verdict
-    record["verdict"] = verdict.as_dict()
-    benchmark.extra_info["verdict"] = record["verdict"]
-    if verdict.failures:
-        lines = "\n".join(f"  {f.message}" for f in verdict.failures)
-        pytest.fail(
-            f"{case.id} {variant} {record['impl']}: {len(verdict.failures)} budget(s) broken\n{lines}", pytrace=False
-        )
+    fail_on(judge_in_test(session, benchmark, record, budget), f"{case.id} {variant} {record['impl']}")

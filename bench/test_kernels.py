@@ -1,15 +1,16 @@
-"""The fused kernel against eager torch and torch.compile: one MLP forward + backward
-(head and loss gradient included, optimizer excluded), per batch x width x dtype.
+"""The fused kernel against eager torch and torch.compile: one MLP forward + backward (head
+and loss gradient included, optimizer excluded), per batch x width x dtype.
 
 pytest-benchmark times the Triton implementation (graph replay on a GPU, eager on a
-CPU); extra_info holds every implementation's time in both modes, measured with
-triton.testing's do_bench / do_bench_cudagraph (bench/tools/bench_cells.py does the
-measuring, here and in `python -m bench.tools.bench_cells`), their TFLOP/s, the ratios,
-and where each layer's tiles came from (`tile_sources`: table, cache, tuned,
-heuristic; `tile_routes`: split-K, cublas+epilogue; `tiles`: the launch report). The
-terminal summary names the losing cells: our speedup over the best baseline (the
-faster of torch and torch.compile, under CUDA graphs) below 0.95. A baseline that
-fails for one cell (torch.compile, say) is recorded in `errors`, not a failed case.
+CPU), and its rounds are gated on time like a training case's epochs; extra_info holds
+every implementation's time in both modes, measured with triton.testing's do_bench /
+do_bench_cudagraph (bench/tools/bench_cells.py does the measuring, here and in `python
+-m bench.tools.bench_cells`), their TFLOP/s, the ratios, and where each layer's tiles
+came from (`tile_sources`: table, cache, tuned, heuristic; `tile_routes`: split-K,
+cublas+epilogue; `tiles`: the launch report). The terminal summary names the losing
+cells: our speedup over the best baseline (the faster of torch and torch.compile, under
+CUDA graphs) below 0.95. A baseline that fails for one cell (torch.compile, say) is
+recorded in `errors`, not a failed case.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from bench.plugin.verdicts import judge_calls
 from model.mlp import MLP
 from model.train import precision_mode
 
@@ -126,6 +128,7 @@ def test_mlp_step(benchmark, request, precision: str, batch: int, width: int, ac
     times = record["times_ms"]
     assert all(v is None or (v > 0 and math.isfinite(v)) for v in times.values())
     assert times["triton_eager_ms"] and (times["triton_graph_ms"] or not cuda)
+    judge_calls(session, benchmark, "kernels", f"mlp_step-{precision}-{batch}x{width}-{activation}")
 
 
 @pytest.mark.nightly
@@ -219,4 +222,6 @@ def test_batch1_forward(benchmark, request, shape: str, precision: str) -> None:
                                "the code path, not the speed"],
     )
     assert all(v > 0 and math.isfinite(v) for v in times.values())
+    judge_calls(request.config.pluginmanager.get_plugin("loadbench"), benchmark, "batch1-forward",
+                f"batch1-{shape}-{precision}")
 

@@ -79,7 +79,7 @@ def tool_env(**extra: str) -> dict[str, str]:
 def run_bisect(repo: Path, good: str, bad: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bench.tools.bisect", good, bad, "-k", "test_units", "--path", "perf/",
-         "--", "--device=cpu", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}",
+         "--", "--device=cpu", "--time-gate=on", "--profile=smoke", "--epochs=8", f"--budgets={repo / 'budgets.toml'}",
          "--benchmark-timer=delay.clock", "--dataset=" + str(_tiny_csv(tmp_path))],
         cwd=repo, capture_output=True, text=True, env=tool_env(),
     )

@@ -222,7 +222,7 @@ def test_a_new_case_is_not_compared(stored, tmp_path, budgets, capsys) -> None:
     new = write_run(tmp_path / "new.json", 5, records)
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
     assert code == 0
-    assert row(out, "opt-sgd").rstrip(" |").endswith("ok (new case, not compared)")
+    assert row(out, "opt-sgd").rstrip(" |").endswith("not compared (a new case: not in OLD)")
     assert "1 case(s) not in OLD, not compared: opt-sgd" in out
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.gate.runs import read_run
+from bench.gate.runs import run_state
 from model.data import synthesize
 from model.data import write_csv
 
@@ -70,7 +72,7 @@ def bench(inprocess_ready: None, pytester: pytest.Pytester, tiny_csv: Path):
             extra = [f"--budgets={pytester.path / 'budgets.toml'}"]
         start = pytester.runpytest_subprocess if isolated else pytester.runpytest_inprocess
         return start(
-            "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=8", TIMER,
+            "-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=8", TIMER, "--time-gate=on",
             f"--dataset={tiny_csv}", f"--benchmark-storage={pytester.path / 'runs'}", *extra, *args,
         )
 
@@ -79,6 +81,20 @@ def bench(inprocess_ready: None, pytester: pytest.Pytester, tiny_csv: Path):
 
 def saved_runs(pytester: pytest.Pytester) -> list[Path]:
     return sorted((pytester.path / "runs").glob("*/*.json"))
+
+
+def test_a_cpu_run_is_not_gated_on_time_unless_asked_and_says_so(bench, pytester, monkeypatch) -> None:
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.1")
+    bench("--benchmark-autosave", budgets=GATE).assert_outcomes(passed=2)
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.3")  # every epoch three times as slow: past even the hard ratio
+    result = bench(f"--benchmark-compare={saved_runs(pytester)[-1]}", "--time-gate=auto",
+                   "--benchmark-json=out.json", budgets=GATE)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*time not gated on a CPU*--time-gate on gates it*"])
+    for bench_ in json.loads((pytester.path / "out.json").read_text())["benchmarks"]:
+        verdict = bench_["extra_info"]["verdict"]
+        assert verdict["status"] == "ok" and "time not gated on a CPU" in verdict["reason"]
+        assert bench_["extra_info"]["time_gate"]["not_gated"].startswith("time not gated on a CPU")
 
 
 def test_violated_accuracy_budget_fails_that_test_only_and_keeps_its_record(bench, pytester) -> None:
@@ -361,6 +377,41 @@ def test_ctrl_c_saves_the_finished_cases_and_says_so(bench, pytester, save) -> N
     saved = pytester.path / "out.json" if "json" in save else saved_runs(pytester)[0]
     names = [b["name"] for b in json.loads(saved.read_text())["benchmarks"]]
     assert names == ["test_small"]
+    assert run_state(read_run(saved)).state == "interrupted"
+
+
+INTERRUPT_MIDWAY = """
+import pytest
+from model.train import Trainer
+
+@pytest.fixture(autouse=True)
+def ctrl_c_in_the_fourth_epoch_of_the_second_case(request, monkeypatch):
+    if request.node.name == "test_other":
+        calls = []
+        run_epoch = Trainer.run_epoch
+        def interrupted(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 4:
+                raise KeyboardInterrupt
+            return run_epoch(self, *args, **kwargs)
+        monkeypatch.setattr(Trainer, "run_epoch", interrupted)
+"""
+
+
+def test_a_case_cut_short_after_some_epochs_is_never_stored_and_the_run_says_it_was_interrupted(
+    bench, pytester
+) -> None:
+    """pytest-benchmark holds the three timed epochs the case had; stored, they would read as
+    a measurement of it (no accuracy, no verdict) and become a baseline."""
+    pytester.makeconftest(CONFTEST + INTERRUPT_MIDWAY)
+    result = bench("--benchmark-json=out.json", budgets="", isolated=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    run = read_run(pytester.path / "out.json")
+    assert [b["name"] for b in run["benchmarks"]] == ["test_small"]
+    state = run_state(run)
+    assert (state.state, state.collected, state.stored) == ("interrupted", 2, 1)
+    assert [name.rsplit("::", 1)[-1] for name in state.cut_short] == ["test_other"]
+    assert not state.whole and "interrupted: it holds 1 finished case(s) of 2 collected" in state.line()
 
 
 def test_nothing_is_written_beside_an_unsaved_run(bench, pytester) -> None:
@@ -513,6 +564,31 @@ def test_a_killed_run_keeps_its_finished_cases_beside_the_json(bench, pytester) 
     (run,), warnings = load_runs([partial])  # a run file like any other: report, compare and merge read it
     assert not warnings and [b["name"] for b in run.benchmarks] == ["test_small"]
     assert run.benchmarks[0]["extra_info"]["case"] == "blocks-2" and run.benchmarks[0]["stats"]["data"]
+    state = run_state(read_run(partial))  # what is left of a killed run says so
+    assert (state.state, state.collected, state.stored, state.whole) == ("partial", 2, 1, False)
+
+
+def test_a_whole_run_says_so(bench, pytester) -> None:
+    bench("--benchmark-json=out.json", budgets="").assert_outcomes(passed=2)
+    state = run_state(read_run(pytester.path / "out.json"))
+    assert (state.state, state.collected, state.stored, state.cut_short) == ("complete", 2, 2, ())
+    failing = bench("--benchmark-json=failed.json", budgets='[datasets."tiny.csv".defaults]\naccuracy_min = 0.99\n')
+    failing.assert_outcomes(failed=2)
+    assert run_state(read_run(pytester.path / "failed.json")).state == "failed"  # whole, and red
+
+
+def test_a_case_the_newest_run_lacks_is_judged_against_the_newest_run_holding_it(bench, pytester) -> None:
+    bench("--benchmark-autosave", budgets=GATE).assert_outcomes(passed=2)
+    bench("--benchmark-autosave", "-k", "test_small", budgets=GATE).assert_outcomes(passed=1)
+    older, newest = saved_runs(pytester)
+    result = bench(f"--benchmark-compare={newest}", "--benchmark-json=out.json", budgets=GATE)
+    result.assert_outcomes(passed=2)
+    verdicts = {b["name"]: b["extra_info"]["verdict"] for b in read_run(pytester.path / "out.json")["benchmarks"]}
+    assert verdicts["test_small"]["status"] == "ok"
+    assert verdicts["test_small"]["baseline"] == read_run(newest)["datetime"]
+    assert verdicts["test_other"]["status"] == "ok"  # compared, not "not in the baseline run"
+    assert verdicts["test_other"]["baseline"].startswith(read_run(older)["datetime"])
+    assert verdicts["test_other"]["baseline"].endswith("(the newest stored run holding this case)")
 
 
 def test_a_finished_run_leaves_no_partial_file(bench, pytester) -> None:

@@ -16,8 +16,8 @@ from bench.plugin.options import Plant
 from bench.plugin.options import plant_on
 from bench.plugin.startup import compare_path
 from bench.plugin.startup import compare_problem
-from bench.plugin.startup import directory_problem
-from bench.plugin.startup import file_problem
+from bench.gate.args import directory_problem
+from bench.gate.args import file_problem
 from bench.plugin.startup import json_path
 from bench.tools.merge import main as merge_main
 from kernels import env

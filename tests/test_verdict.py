@@ -19,6 +19,7 @@ from bench.gate.profiles import DEFAULT_BUDGETS
 from bench.gate.summary import floors_lines
 from bench.gate.verdict import NOT_GATED
 from bench.gate.verdict import OK
+from bench.gate.verdict import NOT_COMPARED
 from bench.gate.verdict import OVER_BUDGET
 from bench.gate.verdict import REGRESSED
 from bench.gate.verdict import Verdict
@@ -31,7 +32,7 @@ FLOOR = Failure("accuracy", 0.5, 0.65, None, "below its floor")
 @pytest.mark.parametrize(
     ("budget_failures", "baseline_failures", "baseline", "gating", "status"),
     [
-        ([], [], None, False, OK),
+        ([], [], None, False, NOT_COMPARED),
         ([], [], "0001_main.json", True, OK),
         ([], [], "0001_main.json", False, NOT_GATED),
         ([FLOOR], [], "0001_main.json", False, OVER_BUDGET),
@@ -43,7 +44,7 @@ FLOOR = Failure("accuracy", 0.5, 0.65, None, "below its floor")
 def test_the_verdict_names_what_broke_first(budget_failures, baseline_failures, baseline, gating, status) -> None:
     verdict = decide(budget_failures, baseline_failures, baseline=baseline, gating=gating, reason="r")
     assert verdict.status == status
-    assert verdict.passed == (status in (OK, NOT_GATED))
+    assert verdict.passed == (status in (OK, NOT_GATED, NOT_COMPARED))
     assert list(verdict.failures) == [*baseline_failures, *budget_failures]
 
 
@@ -60,8 +61,8 @@ def test_a_verdict_survives_the_run_file() -> None:
 
 def test_without_a_baseline_the_verdict_says_budgets_only() -> None:
     verdict = decide([], [], baseline=None, gating=False)
-    assert verdict.status == OK and verdict.reason == "no baseline: budgets only"
-    assert verdict.line() == "ok (no baseline: budgets only)"
+    assert verdict.status == NOT_COMPARED and verdict.reason == "no baseline: budgets only"
+    assert verdict.line() == "not compared (no baseline: budgets only)"
 
 
 def write(tmp_path, text: str) -> Budgets:
@@ -169,7 +170,7 @@ def test_floors_set_for_the_profiles_epochs_do_not_judge_a_run_of_other_epochs()
 
 def test_the_verdict_and_the_summary_say_why_floors_were_not_judged() -> None:
     verdict = decide([], [], baseline=None, gating=False, floors_skipped=SKIPPED)
-    assert verdict.status == OK
+    assert verdict.status == NOT_COMPARED
     assert verdict.reason == f"no baseline: budgets only; accuracy and F1 floors not judged: {SKIPPED}"
     entries = [{"case": Case.parse("units-256"), "floors_skipped": SKIPPED},
                {"case": Case.parse("units-128"), "floors_skipped": SKIPPED},

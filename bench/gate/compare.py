@@ -10,6 +10,7 @@ bench/gate/timing.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
@@ -23,7 +24,11 @@ from bench.gate.kernel_table import KernelTable
 from bench.gate.kernel_table import describe
 from bench.gate.kernel_table import diff
 from bench.gate.runs import gpu_name
+from bench.gate.timing import DEFAULT_NOISE_K
+from bench.gate.timing import EPOCH_TIME
+from bench.gate.timing import Timed
 from bench.gate.timing import check_time
+from bench.gate.timing import estimate_noise
 
 
 @dataclass
@@ -75,11 +80,30 @@ def warm_caches(current: dict[str, Any], baseline: dict[str, Any]) -> bool:
     return all(record.get("kernel_caches", "warm") == "warm" for record in (current, baseline))
 
 
-def check_growth(budget: Budget, current: dict[str, Any], baseline: dict[str, Any]) -> list[Failure]:
-    """Allocator peak, RSS and energy per epoch against the baseline's. FIRST_EPOCH_METRICS
-    are judged only between records made with warm kernel caches: compilation and tuning
-    in the first epoch move them far more than any change of the steady epochs does
-    (docs/gate.md, "Cold caches")."""
+def growth_limit(pct: float, metric: str, history: Sequence[dict[str, Any]]) -> tuple[float, str]:
+    """The growth a load figure may show, in percent, and the rule that set it: the budget's
+    `pct`, or DEFAULT_NOISE_K times the figure's run-to-run spread over the stored records of
+    the case where that is larger. An RSS peak moves with what ran before the case in its
+    process, an energy counter with the card's temperature; an unknown spread (fewer than
+    three stored values) leaves the budget alone."""
+    noise = estimate_noise(history, samples=lambda record: [v] if isinstance(v := record.get(metric), (int, float))
+                           and v > 0 else [])
+    if not noise.known:
+        return pct, f"limit {pct:g}%"
+    bound = 100 * (math.exp(DEFAULT_NOISE_K * noise.spread) - 1)  # type: ignore[operator]
+    if bound <= pct:
+        return pct, f"limit {pct:g}%"
+    return bound, f"limit {bound:.1f}%: {DEFAULT_NOISE_K:g} x run-to-run spread {noise.spread:.2%} from {noise.source}"
+
+
+def check_growth(
+    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+) -> list[Failure]:
+    """Allocator peak, RSS and energy per epoch against the baseline's, each by the larger of
+    its budget and its noise (`growth_limit` over `history`, the baseline's record when
+    empty). FIRST_EPOCH_METRICS are judged only between records made with warm kernel
+    caches: compilation and tuning in the first epoch move them far more than any change
+    of the steady epochs does (docs/gate.md, "Cold caches")."""
     out = []
     for metric, pct in (
         ("vram_peak_mib", budget.memory_growth_pct),
@@ -91,20 +115,23 @@ def check_growth(budget: Budget, current: dict[str, Any], baseline: dict[str, An
         now, then = current.get(metric), baseline.get(metric)
         if pct is None or now is None or not then:
             continue
-        limit = then * (1 + pct / 100)
+        allowed, why = growth_limit(pct, metric, history or [baseline])
+        limit = then * (1 + allowed / 100)
         if now > limit:
-            out.append(Failure(metric, now, limit, then, f"grew {100 * (now / then - 1):.1f}% (limit {pct:g}%)"))
+            out.append(Failure(metric, now, limit, then, f"grew {100 * (now / then - 1):.1f}% ({why})"))
     return out
 
 
 def check_against(
-    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = (),
+    timed: Timed = EPOCH_TIME,
 ) -> list[Failure]:
-    """Every limit against a baseline record; `history`: stored records of the case for its noise."""
+    """Every limit against a baseline record; `history`: stored records of the case for its noise;
+    `timed`: what the time rule reads (a training case's epochs, a timed call's rounds)."""
     return (
-        check_time(budget, current, baseline, history=history)
+        check_time(budget, current, baseline, history=history, timed=timed)
         + check_drops(budget, current, baseline)
-        + check_growth(budget, current, baseline)
+        + check_growth(budget, current, baseline, history=history)
     )
 
 

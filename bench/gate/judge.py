@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from bench.gate.budgets import Budget
@@ -19,7 +20,9 @@ from bench.gate.budgets import check_drop_growth
 from bench.gate.budgets import check_inference
 from bench.gate.compare import check_against
 from bench.gate.compare import explain
+from bench.gate.timing import EPOCH_TIME
 from bench.gate.timing import LATENCY
+from bench.gate.timing import Timed
 from bench.gate.timing import Noise
 from bench.gate.timing import estimate_noise
 from bench.gate.timing import check_latency
@@ -50,6 +53,9 @@ def judge(
     profile: str,
     epochs: int | None,
     budgets_too: bool = True,
+    timed: Timed = EPOCH_TIME,
+    time_note: str | None = None,
+    ceilings: Sequence[Failure] = (),
 ) -> Judgement:
     """Judge `record` (a training case's extra_info under a `Budget`, a serving record's
     under an `InferenceBudget`) by its floors and ceilings (unless not `budgets_too`) and,
@@ -57,15 +63,18 @@ def judge(
     by the run-to-run noise of `history` (stored records of the case; the baseline's alone
     when empty), accuracy and growth limits. Only a `gating` baseline's failures count;
     `baseline` names it in the verdict and `reason` says why it did not gate or was not
-    there. `profile` and `epochs` are the run's own: floors set for other epochs do not judge."""
+    there. `profile` and `epochs` are the run's own: floors set for other epochs do not judge.
+    `timed` says what a training budget's time rule reads (epochs, or a timed call's rounds);
+    `time_note`, where given, says why time is not gated in this run (the rest still is);
+    `ceilings`: limits the caller judged itself that broke (a case's own goal)."""
     serving = isinstance(budget, InferenceBudget)
     floors_skipped = None
-    budget_failures: list[Failure] = []
+    budget_failures: list[Failure] = list(ceilings)
     if budgets_too and serving:
-        budget_failures = check_inference(budget, record)
+        budget_failures += check_inference(budget, record)
     elif budgets_too:
         checked = check_budget(budget, record, profile=profile, epochs=epochs)  # type: ignore[arg-type]
-        budget_failures, floors_skipped = list(checked.failures), checked.floors_skipped
+        budget_failures, floors_skipped = budget_failures + list(checked.failures), checked.floors_skipped
     baseline_failures: list[Failure] = []
     noise = None
     time_gate = None
@@ -74,19 +83,26 @@ def judge(
         if serving:
             noise = estimate_noise(stored, record, samples=LATENCY.rounds)
             if gating:
-                baseline_failures = check_latency(budget, record, then, history=stored)  # type: ignore[arg-type]
+                if time_note is None:
+                    baseline_failures = check_latency(budget, record, then, history=stored)  # type: ignore[arg-type]
                 baseline_failures += check_drop_growth(budget, record, then)  # type: ignore[arg-type]
+            if time_note:
+                reason = f"{reason}; {time_note}" if reason else time_note
         else:
-            noise = estimate_noise(stored, record)
+            noise = estimate_noise(stored, record, samples=timed.rounds)
+            timed_budget = budget if time_note is None else replace(budget, time_slower_pct=None, time_hard_ratio=None)
             time_gate = {
-                "limit": time_limit(budget, noise)[0] if budget.time_slower_pct is not None else None,  # type: ignore[union-attr]
+                "limit": time_limit(budget, noise)[0] if timed_budget.time_slower_pct is not None else None,  # type: ignore[union-attr]
                 "spread": noise.spread,
                 "runs": noise.runs,
                 "source": noise.source,
+                **({"not_gated": time_note} if time_note else {}),
             }
             if gating:
-                found = check_against(budget, record, then, history=stored)  # type: ignore[arg-type]
+                found = check_against(timed_budget, record, then, history=stored, timed=timed)  # type: ignore[arg-type]
                 baseline_failures = [explain(f, record, then) for f in found]
+            if time_note:
+                reason = f"{reason}; {time_note}" if reason else time_note
     verdict = decide(budget_failures, baseline_failures, baseline=baseline if then is not None else None,
                      gating=gating, reason=reason, noise=noise, floors_skipped=floors_skipped)
     return Judgement(verdict, noise, floors_skipped, time_gate)

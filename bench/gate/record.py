@@ -17,9 +17,13 @@ from dataclasses import dataclass
 
 RECORD_KEY = "loadbench"  # machine_info key and extra_info marker of our runs
 FORMAT_KEY = "format"  # machine_info[RECORD_KEY][FORMAT_KEY]: the run's RECORD_FORMAT
-RECORD_FORMAT = 2  # 2: the format is written; extra_info may hold "verdict" and "time_gate"
+# 2: the format is written; extra_info may hold "verdict" and "time_gate".
+# 3: machine_info[RECORD_KEY][RUN_KEY] says whether the run finished; a verdict may be
+#    "not compared"; the kernel cells, batch-1 forward and monitor overhead hold verdicts.
+RECORD_FORMAT = 3
 UNVERSIONED_FORMAT = 1  # what a run without FORMAT_KEY is
 INFERENCE_KIND = "inference"  # extra_info["kind"] of a serving record
+RUN_KEY = "run"  # machine_info[RECORD_KEY][RUN_KEY]: how the run ended (bench.gate.runs.RunState)
 
 # Keys every reader spells the same way.
 CASE = "case"

@@ -19,6 +19,7 @@ from bench.gate.record import INFERENCE_KIND
 from bench.gate.record import FORMAT_KEY
 from bench.gate.record import RECORD_FORMAT
 from bench.gate.record import RECORD_KEY
+from bench.gate.record import RUN_KEY
 from bench.gate.record import UNVERSIONED_FORMAT
 
 # What must match for a stored run to count in a case's noise history.
@@ -68,6 +69,59 @@ def read_run(path: Path) -> dict[str, Any]:
     return run
 
 
+COMPLETE = "complete"  # every collected test ran to its end, whatever it decided
+FAILED = "failed"  # the same, and pytest's status said a test failed or errored
+INTERRUPTED = "interrupted"  # Ctrl-C or pytest.exit: the tests after it never ran
+PARTIAL = "partial"  # the file written while the session ran; what is left of a killed run
+RUN_STATES = (COMPLETE, FAILED, INTERRUPTED, PARTIAL)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """How a stored run ended, from machine_info[RECORD_KEY][RUN_KEY] (runs made before it
+    was recorded read as complete)."""
+
+    state: str
+    collected: int | None = None  # tests the session meant to run
+    stored: int | None = None  # benchmarks the file holds
+    cut_short: tuple[str, ...] = ()  # tests stopped before their record was whole: never stored
+
+    @property
+    def whole(self) -> bool:
+        """Every collected test ran: a run that was not interrupted or killed."""
+        return self.state in (COMPLETE, FAILED)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "collected": self.collected, "stored": self.stored,
+                "cut_short": list(self.cut_short)}
+
+    def line(self) -> str:
+        """What a reader is told of a run that did not finish; "" for a whole run."""
+        if self.whole:
+            return ""
+        held = f"{self.stored} finished case(s)" if self.stored is not None else "the finished cases"
+        of = f" of {self.collected} collected" if self.collected is not None else ""
+        cut = f"; cut short: {', '.join(self.cut_short)}" if self.cut_short else ""
+        how = "was interrupted" if self.state == INTERRUPTED else "was cut short (written while it ran)"
+        return f"the run {how}: it holds {held}{of}{cut}"
+
+
+def run_state(run: dict[str, Any]) -> RunState:
+    """How a run `read_run` accepted ended."""
+    found = run["machine_info"][RECORD_KEY].get(RUN_KEY)
+    if not isinstance(found, dict) or found.get("state") not in RUN_STATES:
+        return RunState(COMPLETE)
+    return RunState(found["state"], found.get("collected"), found.get("stored"), tuple(found.get("cut_short") or ()))
+
+
+def finished(benchmark: dict[str, Any]) -> bool:
+    """Whether a stored benchmark is a whole record: a training case trained to its end
+    and was evaluated (runs made before cut-short cases were left out can hold one
+    without accuracy)."""
+    info = benchmark.get("extra_info") or {}
+    return not ("case" in info and "experiment" in info and info.get("kind") is None and "accuracy" not in info)
+
+
 def run_format(run: dict[str, Any]) -> int:
     """The record format of a run `read_run` accepted: 1 for runs made before it was written."""
     return int(run["machine_info"][RECORD_KEY].get(FORMAT_KEY, UNVERSIONED_FORMAT))
@@ -94,7 +148,9 @@ def machine_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | No
     MACHINE_LINE_MAX; None when they are alike. It stands in for
     pytest-benchmark's warning, which prints both dicts whole."""
     mine, saved = flat(ours), flat(theirs)
-    differ = sorted(key for key in mine.keys() | saved.keys() if mine.get(key) != saved.get(key))
+    ended = f"{RECORD_KEY}.{RUN_KEY}"  # how each run ended: not the machine
+    differ = sorted(key for key in mine.keys() | saved.keys()
+                    if mine.get(key) != saved.get(key) and key != ended and not key.startswith(ended + "."))
     if not differ:
         return None
     prefix = f"{RECORD_KEY}.settings."

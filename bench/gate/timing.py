@@ -31,6 +31,7 @@ MIN_NOISE_DOF = 2  # degrees of freedom before a spread counts as known (3 runs,
 DEFAULT_NOISE_K = 3.0
 DEFAULT_UNKNOWN_NOISE_PCT = 25.0
 DEFAULT_ALPHA = 0.01
+CALL_SECONDS = "call_seconds"  # extra_info of a timed call (kernel cell, batch-1 forward): pytest-benchmark's rounds
 
 
 def time_samples(extra_info: dict[str, Any]) -> list[float]:
@@ -199,12 +200,30 @@ LATENCY = Timed(
 )
 
 
+def call_samples(extra_info: dict[str, Any]) -> list[float]:
+    """The seconds of each timed call of a kernel cell, batch-1 forward or other timed call."""
+    return [float(v) for v in extra_info.get(CALL_SECONDS) or []]
+
+
+def _median_call(extra_info: dict[str, Any]) -> float | None:
+    samples = call_samples(extra_info)
+    return statistics.median(samples) if samples else None
+
+
+CALL_TIME = Timed(
+    "call_time_ratio", call_samples, lambda record: [m] if (m := _median_call(record)) else [], _median_call,
+    "calls", lambda record, now, then: f"median call {now * 1e6:.4g} us vs {then * 1e6:.4g} us",
+)
+
+
 def check_time(
-    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = ()
+    budget: Budget, current: dict[str, Any], baseline: dict[str, Any], *, history: Sequence[dict[str, Any]] = (),
+    timed: Timed = EPOCH_TIME,
 ) -> list[Failure]:
-    """The median steady epoch against the baseline's, by `check_slowdown`; `history` holds
-    stored records of the same case (the baseline among them) for its run-to-run noise."""
-    return check_slowdown(SlowdownRule.of(budget), EPOCH_TIME, current, baseline, history=history)
+    """The median steady epoch (or, with `timed`, another figure) against the baseline's, by
+    `check_slowdown`; `history` holds stored records of the same case (the baseline among
+    them) for its run-to-run noise."""
+    return check_slowdown(SlowdownRule.of(budget), timed, current, baseline, history=history)
 
 
 def check_latency(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from bench.gate.budgets import Failure
@@ -17,7 +18,8 @@ OK = "ok"
 REGRESSED = "regressed"  # a limit against the baseline broke
 OVER_BUDGET = "over budget"  # a floor or ceiling of budgets.toml broke, nothing against the baseline
 NOT_GATED = "not gated"  # a baseline was there but measured something else (GPU model, settings)
-STATUSES = (OK, REGRESSED, OVER_BUDGET, NOT_GATED)
+NOT_COMPARED = "not compared"  # no stored record of the case to compare with: budgets alone held
+STATUSES = (OK, REGRESSED, OVER_BUDGET, NOT_GATED, NOT_COMPARED)
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,11 @@ class Verdict:
     baseline: str | None = None  # the run it was judged against; None: nothing to compare with
     reason: str = ""  # why a baseline did not gate, or why nothing was compared
     noise: dict[str, Any] | None = None  # how the time rule knew the case's spread (None: not compared)
+    paired: dict[str, Any] | None = None  # the paired runs that re-judged a time regression (bench.gate.paired)
 
     @property
     def passed(self) -> bool:
-        return self.status in (OK, NOT_GATED)
+        return self.status in (OK, NOT_GATED, NOT_COMPARED)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +44,7 @@ class Verdict:
             "baseline": self.baseline,
             "reason": self.reason,
             "noise": self.noise,
+            **({"paired": self.paired} if self.paired is not None else {}),
         }
 
     @classmethod
@@ -53,7 +57,8 @@ class Verdict:
             Failure(f["metric"], f["value"], f["limit"], f.get("baseline"), f.get("detail", ""))
             for f in data.get("failures") or []
         )
-        return cls(status, failures, data.get("baseline"), str(data.get("reason") or ""), data.get("noise"))
+        return cls(status, failures, data.get("baseline"), str(data.get("reason") or ""), data.get("noise"),
+                   data.get("paired"))
 
     def line(self) -> str:
         """One cell of a summary: the status, then the broken rules or the reason."""
@@ -100,6 +105,8 @@ def decide(
         status = OVER_BUDGET
     elif baseline is not None and not gating:
         status = NOT_GATED
+    elif baseline is None:
+        status = NOT_COMPARED
     else:
         status = OK
     if baseline is None and not reason:
@@ -108,3 +115,16 @@ def decide(
         note = f"accuracy and F1 floors not judged: {floors_skipped}"
         reason = f"{reason}; {note}" if reason else note
     return Verdict(status, failures, baseline, reason, noise_dict)
+
+
+def after_pairing(verdict: Verdict, paired: Any) -> Verdict:
+    """The verdict once paired runs (a bench.gate.paired.Paired) re-judged its time
+    failures: confirmed, it stands with the pairs' figures; not confirmed, the case is ok
+    and its reason keeps what the first run saw."""
+    if paired.confirmed:
+        failures = tuple(replace(f, detail=f"{f.detail}; {paired.line()}" if f.detail else paired.line())
+                         for f in verdict.failures)
+        return replace(verdict, failures=failures, paired=paired.as_dict())
+    seen = "; ".join(f.message for f in verdict.failures)
+    return replace(verdict, status=OK, failures=(), reason=f"first run: {seen}; {paired.line()}",
+                   paired=paired.as_dict())

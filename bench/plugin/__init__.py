@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from pytest_benchmark.logger import PytestBenchmarkWarning
 
+from bench.gate.args import directory_problem
+from bench.gate.args import file_problem
 from bench.plugin import startup
 from bench.gate.runs import machine_difference
 from bench.plugin.fixture import LoadBench
@@ -48,7 +50,7 @@ def check_start(config: pytest.Config) -> None:
         problem = problem or startup.compare_problem(compare, config.getoption("benchmark_storage", ""))
     json_path = startup.json_path(config.getoption("benchmark_json", None))
     if problem is None and json_path is not None:
-        trouble = startup.file_problem(json_path.expanduser())
+        trouble = file_problem(json_path.expanduser())
         problem = trouble and f"--benchmark-json {json_path}: {trouble}"
     folders = [(f"--series-dir {config.getoption('series_dir')}", config.getoption("series_dir"))]
     if config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None):
@@ -58,7 +60,7 @@ def check_start(config: pytest.Config) -> None:
                 for name in loadbench_env.PATH_VARIABLES]
     for where, folder in folders:
         if problem is None and folder:
-            trouble = startup.directory_problem(Path(folder).expanduser())
+            trouble = directory_problem(Path(folder).expanduser())
             problem = trouble and f"{where}: {trouble}"
     if problem:
         raise pytest.UsageError(problem)

@@ -21,8 +21,6 @@ import torch
 from bench.cases import Case
 from bench.gate.kernel_table import KernelTable
 from bench.gate.compare import deltas
-from bench.gate.judge import judge
-from bench.gate.runs import case_history
 from bench.gate.timing import time_samples
 from bench.monitor.loadstats import summarize_monitor
 from bench.monitor.sampler import LoadMonitor
@@ -31,6 +29,8 @@ from bench.monitor.series import write_series
 from bench.monitor.trace import profile_trainer
 from bench.plugin.plant import plant_slowdown
 from bench.plugin.session import LoadBenchSession
+from bench.plugin.verdicts import fail_on
+from bench.plugin.verdicts import judge_in_test
 from model.bound import step_bound
 from model.config import TrainConfig
 from model.cost import training_cost
@@ -237,27 +237,10 @@ class LoadBench:
         options = session.options
         budget = session.budgets.resolve(options.profile.name, case.experiment, case.id, options.dataset)
         found = session.baseline_for(self.benchmark.fullname)
-        baseline, then = (found[0], found[1].get("extra_info", {})) if found is not None else (None, None)
-        judged = judge(
-            record, budget, then=then,
-            history=case_history(baseline.history, self.benchmark.fullname) if baseline is not None else (),
-            baseline=str(baseline.path) if baseline is not None else None,
-            gating=baseline.gating if baseline is not None else False,
-            reason=baseline.reason if baseline is not None else session.no_baseline_reason,
-            # --epochs: the run's own count, not a case's override (a case that trains fewer on a CPU
-            # has floors for that)
-            profile=options.profile.name, epochs=options.epochs,
-        )
-        if judged.time_gate is not None:  # how this case's time was judged, for the record and the report
-            record["time_gate"] = judged.time_gate
-            self.benchmark.extra_info["time_gate"] = judged.time_gate
-        record["verdict"] = judged.verdict.as_dict()
-        self.benchmark.extra_info["verdict"] = record["verdict"]
-        failures = list(judged.verdict.failures)
+        then = found[1].get("extra_info", {}) if found is not None else None
+        judged = judge_in_test(session, self.benchmark, record, budget)
         session.records.append({
-            "case": case, "record": record, "failures": failures, "noise": judged.noise,
+            "case": case, "record": record, "failures": list(judged.verdict.failures), "noise": judged.noise,
             "deltas": deltas(record, then) if then is not None else None, "floors_skipped": judged.floors_skipped,
         })
-        if failures:
-            lines = "\n".join(f"  {f.message}" for f in failures)
-            pytest.fail(f"{case.id}: {len(failures)} budget(s) broken\n{lines}", pytrace=False)
+        fail_on(judged, case.id)

@@ -101,6 +101,10 @@ def add_options(parser: pytest.Parser) -> None:
                          "the kernel's story, the optimal configuration served); nightly: every case, cases marked "
                          "nightly too (the whole serving matrix, data parallel, every kernel cell). "
                          "Default: %(default)r")
+    group.addoption("--time-gate", choices=("auto", "on", "off"), default="auto",
+                    help="judge time against the baseline: on, off, or auto (on with a GPU; off on a CPU, whose "
+                         "epochs move with whatever else the machine runs). Memory, accuracy and budgets are "
+                         "judged either way. Default: %(default)r")
     group.addoption("--plant-slowdown", type=parse_plant, default=None, metavar="PCT[:host|gpu]",
                     help="make every timed epoch PCT%% slower (host sleep or GPU spin): tests the time gate; "
                          "recorded in the run's settings")
@@ -126,6 +130,7 @@ class Options:
     cold_caches: bool
     latency_pin: bool
     tier: str
+    time_gated: bool  # whether time is judged against the baseline (--time-gate)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
@@ -162,7 +167,17 @@ class Options:
             cold_caches=config.getoption("cold_caches"),
             latency_pin=config.getoption("latency_pin") == "on",
             tier=config.getoption("tier"),
+            time_gated={"on": True, "off": False}.get(config.getoption("time_gate"), gpu),
         )
+
+    @property
+    def time_note(self) -> str | None:
+        """Why time is not judged against the baseline in this run, for every verdict; None when it is."""
+        if self.time_gated:
+            return None
+        if self.device.type == "cpu":
+            return "time not gated on a CPU (its epochs move with the machine's other load; --time-gate on gates it)"
+        return "time not gated (--time-gate off)"
 
     def header(self) -> str:
         default = " (default for this machine)" if self.profile_was_default else ""
@@ -177,6 +192,8 @@ class Options:
         )
         if self.impl == Impl.TRITON and self.precision == Precision.FP32:
             line += f", strict fp32 kernel {self.strict_fp32}"
+        if self.time_note is not None:
+            line += f"\nmlp-loadbench: {self.time_note}"
         if self.plant is not None:
             line += f"\nmlp-loadbench: PLANTED SLOWDOWN {self.plant} in every timed epoch (--plant-slowdown)"
             if self.plant.note:

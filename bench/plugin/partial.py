@@ -12,7 +12,6 @@ pytest-benchmark has no such option, hence this module.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from pathlib import Path
@@ -21,6 +20,11 @@ from typing import Any
 import pytest
 from pytest_benchmark.utils import safe_dumps
 
+from bench.gate.record import RECORD_KEY
+from bench.gate.record import RUN_KEY
+from bench.gate.runs import PARTIAL
+from bench.gate.runs import RunState
+from bench.plugin.startup import json_path
 from model.files import write_atomic
 
 SUFFIX = ".partial.json"
@@ -37,11 +41,8 @@ def partial_path(json_path: Path) -> Path:
 
 
 def json_target(benchmarksession: Any) -> Path | None:
-    """--benchmark-json's path: a Path in pytest-benchmark 5, an open file before."""
-    target = getattr(benchmarksession, "json", None)
-    if not target:
-        return None
-    return Path(target) if isinstance(target, (str, os.PathLike)) else Path(target.name)
+    """--benchmark-json's path."""
+    return json_path(getattr(benchmarksession, "json", None))
 
 
 class PartialRun:
@@ -96,6 +97,9 @@ class PartialRun:
         output = hook.pytest_benchmark_generate_json(config=self.config, benchmarks=finished, include_data=True,
                                                      machine_info=machine_info, commit_info=commit_info)
         hook.pytest_benchmark_update_json(config=self.config, benchmarks=finished, output_json=output)
+        if isinstance(output.get("machine_info", {}).get(RECORD_KEY), dict):  # a run read while it runs, or killed
+            collected = getattr(self.config.pluginmanager.get_plugin("loadbench"), "collected", None)
+            output["machine_info"][RECORD_KEY][RUN_KEY] = RunState(PARTIAL, collected, len(finished)).as_dict()
         write_atomic(path, safe_dumps(output, ensure_ascii=True, indent=4))  # as pytest-benchmark's save_json
         self.written = len(finished)
         return path

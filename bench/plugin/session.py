@@ -12,6 +12,7 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,14 @@ from bench.gate.runs import HISTORY_SETTINGS
 from bench.gate.record import FORMAT_KEY
 from bench.gate.record import RECORD_FORMAT
 from bench.gate.record import RECORD_KEY
+from bench.gate.record import RUN_KEY
 from bench.gate.compare import Baseline
+from bench.gate.runs import COMPLETE
+from bench.gate.runs import FAILED
+from bench.gate.runs import INTERRUPTED
 from bench.gate.runs import BaselineError
+from bench.gate.runs import RunState
+from bench.gate.runs import finished
 from bench.gate.runs import load_history
 from bench.gate.compare import make_baseline
 from bench.gate.runs import read_run
@@ -89,6 +96,11 @@ class LoadBenchSession:
         self._scratch: Path | None = None
         self.running: str | None = None  # the test under way, for an interrupt's message
         self.interrupted_in: str | None = None  # the test a Ctrl-C cut short
+        self.collected = 0  # tests this session meant to run
+        self.ended: set[str] = set()  # tests whose teardown ran
+        self.failed_tests: set[str] = set()  # tests whose call or set-up failed
+        self.cut_short: list[str] = []  # benchmarks left out: their test stopped before its record was whole
+        self.exit_status: int | None = None  # pytest's, once the session finishes
         self.partial = PartialRun(config)  # the run so far, beside --benchmark-json
         self.started = datetime.datetime.now(datetime.timezone.utc)
 
@@ -129,6 +141,7 @@ class LoadBenchSession:
             **({"plant_note": o.plant.note} if o.plant and o.plant.note else {}),
             "latency_pin": o.latency_pin,
             "tier": o.tier,
+            "time_gated": o.time_gated,
             "kernel_caches": self.caches.state,
         }
 
@@ -199,10 +212,30 @@ class LoadBenchSession:
         return "not in the baseline run (a new case): budgets only"
 
     def baseline_for(self, fullname: str) -> tuple[Baseline, dict[str, Any]] | None:
+        """The baseline's whole record of the case, or else that of the newest stored run
+        in its history that holds one (a case the newest main run lacks, because that run
+        was cut short or ran fewer cases, is still judged), named as that run."""
         for baseline in self.baselines:
-            if fullname in baseline.benchmarks:
-                return baseline, baseline.benchmarks[fullname]
+            bench = baseline.benchmarks.get(fullname)
+            if bench is not None and finished(bench):
+                return baseline, bench
+            for run in reversed(baseline.history):
+                older = next((b for b in run["benchmarks"] if b.get("fullname") == fullname and finished(b)), None)
+                if older is not None:
+                    name = f"{run.get('datetime', 'an older run')} (the newest stored run holding this case)"
+                    return replace(baseline, path=Path(name)), older
         return None
+
+    def run_state(self, stored: int) -> RunState:
+        """How this run ended, for the file pytest-benchmark writes at its end."""
+        if self.interrupted_in is not None or self.exit_status == pytest.ExitCode.INTERRUPTED or \
+                (self.exit_status is not None and len(self.ended) < self.collected):
+            state = INTERRUPTED  # Ctrl-C, pytest.exit, -x: tests that never ran
+        elif self.exit_status not in (None, 0, pytest.ExitCode.NO_TESTS_COLLECTED):
+            state = FAILED
+        else:
+            state = COMPLETE
+        return RunState(state, self.collected, stored, tuple(self.cut_short))
 
     # -------------------------------------------------------------- hooks
 
@@ -230,6 +263,13 @@ class LoadBenchSession:
             commit_info["id"] = sha
             commit_info.pop("error", None)
 
+    def pytest_benchmark_update_json(self, config: pytest.Config, benchmarks: list[Any],
+                                     output_json: dict[str, Any]) -> None:
+        """How the run ended, beside the machine; the partial file overwrites it (bench/plugin/partial.py)."""
+        info = output_json.get("machine_info", {}).get(RECORD_KEY)
+        if isinstance(info, dict):
+            info[RUN_KEY] = self.run_state(len(output_json.get("benchmarks", []))).as_dict()
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_benchmark_compare_machine_info(
         self, config: pytest.Config, benchmarksession: Any, machine_info: dict[str, Any], compared_benchmark: Any
@@ -244,6 +284,12 @@ class LoadBenchSession:
         ours = self.settings()
         for key in HISTORY_SETTINGS:  # the keys same_measurement compares: the report and compare judge alike
             if setting(theirs, key) == ours[key]:
+                continue
+            if key == "plant" and setting(theirs, key) is None:
+                # A planted run exists to show what the gate catches: it is judged against the
+                # unplanted baseline (a planted baseline never gates, nor joins the history).
+                self.baseline_messages.append(f"planted slowdown {ours[key]}: judged against the unplanted "
+                                              f"baseline {name.name}, to show what the gate catches")
                 continue
             baseline.differs += (key,)
             if baseline.gating:
@@ -300,6 +346,7 @@ class LoadBenchSession:
                 config.hook.pytest_deselected(items=nightly)
         shard = config.getoption("shard")
         if shard is None:
+            self.collected = len(items)
             return
         index, count = shard
         units = {item.nodeid: unit_of(item.nodeid, item.callspec.params if hasattr(item, "callspec") else {})
@@ -307,6 +354,7 @@ class LoadBenchSession:
         keep = set(assign(list(units), count, self.shard_durations, units)[index - 1])
         deselected = [item for item in items if item.nodeid not in keep]
         items[:] = [item for item in items if item.nodeid in keep]
+        self.collected = len(items)
         if deselected:
             config.hook.pytest_deselected(items=deselected)
 
@@ -323,17 +371,31 @@ class LoadBenchSession:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:
-        """Before pytest-benchmark saves: leave out a case an interrupt (Ctrl-C) cut short.
+        """Before pytest-benchmark saves: leave out every benchmark whose record is not
+        whole, and note how the run ended for the file.
 
-        Its benchmark has no timed round yet, and pytest-benchmark would fail to save
-        the whole run on it; the finished cases are saved as usual."""
+        A test an interrupt (Ctrl-C) stopped, or one that failed before the gate judged
+        it (out of memory in the middle of training), has some timed rounds and no
+        accuracy or verdict; stored, it would read as a measurement of the case. One with
+        no timed round at all would make pytest-benchmark fail to save the whole run."""
+        self.exit_status = int(exitstatus)
         bs = getattr(self.config, "_benchmarksession", None)
         if bs is not None:
-            unfinished = [bench for bench in bs.benchmarks if not bench]
-            if unfinished:
-                self.unfinished = [str(bench.fullname) for bench in unfinished]
-                bs.benchmarks[:] = [bench for bench in bs.benchmarks if bench]
+            kept = []
+            for bench in bs.benchmarks:
+                name = str(bench.fullname)
+                if not bench:
+                    self.unfinished.append(name)
+                elif name not in self.ended or (name in self.failed_tests and "verdict" not in bench.extra_info):
+                    self.cut_short.append(name)
+                else:
+                    kept.append(bench)
+            bs.benchmarks[:] = kept
         return (yield)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed and report.when in ("setup", "call"):
+            self.failed_tests.add(report.nodeid)
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         self.running = nodeid
@@ -345,6 +407,7 @@ class LoadBenchSession:
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         """After each test, teardown included: the run so far beside --benchmark-json."""
         self.running = None
+        self.ended.add(nodeid)
         self.partial.write()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -375,6 +438,11 @@ class LoadBenchSession:
         if failed:
             terminalreporter.write_line(
                 f"mlp-loadbench: left out of the saved run: {', '.join(failed)} (failed before its first timed round)"
+            )
+        cut = [name for name in self.cut_short if name != self.interrupted_in]
+        if cut:
+            terminalreporter.write_line(
+                f"mlp-loadbench: left out of the saved run: {', '.join(cut)} (failed before its record was whole)"
             )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

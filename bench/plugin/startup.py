@@ -8,41 +8,10 @@ not a session of training followed by a traceback.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 FILE_SCHEME = "file://"
 RUNS_SHOWN = 3  # the newest stored runs a 'no such file' line names
-
-
-def directory_problem(path: Path) -> str | None:
-    """Why `path` cannot be a directory this run writes into, or None once it is one
-    (made, with its parents, when missing, and written to)."""
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            return "is a file; give a directory" if part == path else f"{part} is a file, not a directory"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        return f"cannot be written ({exc.strerror or exc})"
-    return None
-
-
-def file_problem(path: Path) -> str | None:
-    """Why `path` cannot be a file this run writes at its end, or None once its folder
-    exists and takes a new file. Checked at start-up whatever pytest-benchmark does with
-    the option (5.2 opened the file while parsing; 5.3 opens it only to write the run,
-    after every case has trained)."""
-    if path.is_dir():
-        return "is a directory; give a file path"
-    if path.exists() and not os.access(path, os.W_OK):
-        return "cannot be written (permission denied)"
-    for part in path.parents:
-        if part.exists() and not part.is_dir():
-            return f"{part} is a file, not a directory"
-    return directory_problem(path.parent)
 
 
 def json_path(value: object) -> Path | None:

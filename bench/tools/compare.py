@@ -230,7 +230,7 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
         verdict = judge_record(
             case.info, budget_of(budgets, profile, dataset, case), then=then,
             history=case_history(history, case.fullname) if then is not None else (),
-            baseline=str(old.path), gating=gating, reason=reason if then is not None else "new case, not compared",
+            baseline=str(old.path), gating=gating, reason=reason if then is not None else "a new case: not in OLD",
             profile=profile, epochs=epochs, budgets_too=budgets_too,
         ).verdict
         directions = DIRECTIONS if case.kind == TRAINING else SERVING_DIRECTIONS
