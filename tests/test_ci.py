@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 
 from bench.tools.ci import find_baseline
+from bench.tools.ci import CiError
+from bench.tools.ci import Outcome
+from bench.tools.ci import checked_gpu
 from bench.tools.ci import junit_failures
+from bench.tools.ci import parse_args
 from bench.tools.ci import summary_markdown
 from bench.tools.ci import wanted_settings
 from model.data import synthesize
@@ -49,7 +53,7 @@ def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subpr
     command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(project / "main-runs"),
                "--out", str(project / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", *extra,
                "--", "--device=cpu", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}",
-               TIMER, "-q"]
+               TIMER, "--time-gate=on", "-q"]
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -132,6 +136,71 @@ def test_a_test_that_failed_without_a_verdict_is_named(tmp_path: Path) -> None:
     )
     failed = junit_failures(junit)
     assert failed == [("test_big[units-2048]", "out of GPU memory (batch 512)")]
-    text = summary_markdown("pr", "NVIDIA H100", None, 0, [], failed, 1)
+    text = summary_markdown(Outcome("pr", "NVIDIA H100", "NVIDIA H100", None, 0, [], failed, 1))
     assert "FAILED" in text and "test_big[units-2048]**: out of GPU memory" in text
     assert "passed" not in text.splitlines()[0]
+
+
+@pytest.mark.parametrize("given", ["--tier=nightly", "--benchmark-json=x.json", "--benchmark-compare", "--junitxml=j",
+                                   "--benchmark-storage=/tmp/s", "--benchmark-autosave", "--series-dir=s"])
+def test_options_ci_controls_are_refused_after_the_separator(given: str, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["pr", "--out", str(tmp_path / "out"), "--", "-k", "units", given])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"-- {given}: refused: " in err
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused(tmp_path: Path, capsys) -> None:
+    (tmp_path / "a-file").write_text("")
+    for out, said in ((tmp_path / "a-file", "is a file; give a directory"),
+                      (tmp_path / "a-file" / "ci", "a-file is a file, not a directory")):
+        with pytest.raises(SystemExit):
+            parse_args(["pr", "--out", str(out)])
+        assert said in capsys.readouterr().err
+
+
+def test_an_unknown_gpu_is_refused_and_a_known_one_is_an_override(tmp_path: Path) -> None:
+    run = tmp_path / "h200.json"
+    run.write_text(json.dumps({"machine_info": {"loadbench": {"gpu": {"name": "NVIDIA H200"}, "settings": {}}},
+                               "datetime": "2026-11-01T00:00:00", "benchmarks": []}))
+    assert checked_gpu(None, "no GPU", [run]) == "no GPU"
+    assert checked_gpu("NVIDIA H200", "no GPU", [run]) == "NVIDIA H200"
+    with pytest.raises(CiError, match=r"--gpu 'NVIDIA Nope': this machine measures on 'no GPU'.*holds: NVIDIA H200"):
+        checked_gpu("NVIDIA Nope", "no GPU", [run])
+    text = summary_markdown(Outcome("pr", "no GPU", "NVIDIA H200", None, 0, [], [], 0))
+    assert "History of **NVIDIA H200** was asked for (--gpu) on a machine measuring on no GPU" in text
+
+
+def test_a_planted_run_says_so_first_and_a_failed_store_before_anything_passes() -> None:
+    planted = summary_markdown(Outcome("pr", "NVIDIA H200", "NVIDIA H200", Path("main.json"), 3, [], [], 1,
+                                       plant="5%:gpu"))
+    head = planted.splitlines()[0]
+    assert head == "## mlp-loadbench pr, planted slowdown 5%:gpu: FAILED on NVIDIA H200"
+    assert "without the plant" in planted and "show what the gate catches" in planted
+    failed = summary_markdown(Outcome("main", "NVIDIA H200", "NVIDIA H200", Path("main.json"), 3, [], [], 2,
+                                      store_error="data branch push: push to bench-data gave up after 5 attempts"))
+    lines = failed.splitlines()
+    assert lines[0] == "## mlp-loadbench main: FAILED on NVIDIA H200"
+    assert lines[2].startswith("**The run was not stored:** data branch push")
+    assert "passed" not in failed
+
+
+@pytest.mark.slow
+def test_a_refused_push_fails_the_main_job_and_says_so(project: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(data)], check=True)
+    hook = data / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'refused by the server' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_STEP_SUMMARY": "", "LOADBENCH_GIT_NAME": "ci"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.tools.ci", "main", "--data-repo", str(data), "--out", str(tmp_path / "out"),
+         "--bench", "test_cases.py", "--no-history", "--", "--device=cpu", f"--dataset={project / 'tiny.csv'}",
+         f"--budgets={project / 'budgets.toml'}", TIMER, "-q"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600,
+    )
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert summary.startswith("## mlp-loadbench main: FAILED on no GPU")
+    assert "**The run was not stored:** data branch push" in summary and "Stored" not in summary

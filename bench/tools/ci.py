@@ -2,11 +2,14 @@
 
 Each mode finds main's stored history (a folder on the runner, or a git data branch
 shared by several runners), takes the newest run of main measured like this one as the
-baseline, runs its tier of the bench against it, writes the job summary from the gate's
-own verdicts and pytest's JUnit report (a test that failed before it had a verdict is
-named, never reported as ok), builds ``history.html`` from main's runs plus this one,
-and exits with pytest's status. `main` also stores the run as main's newest. The
-workflows only call this; tests/test_ci.py drives it on a CPU.
+baseline (a case it lacks is judged against the newest run that holds it), runs its tier
+of the bench against it, and measures every case that came out slower again beside main's
+commit (bench/tools/confirm.py): a slowdown fails only if those paired runs confirm it.
+It then stores main's run, writes the job summary from the gate's own verdicts and
+pytest's JUnit report (a test that failed before it had a verdict is named, never
+reported as ok), builds ``history.html`` from main's runs plus this one, and exits with
+pytest's status after pairing (2 when the run could not be stored or the input is
+unusable). The workflows only call this; tests/test_ci.py drives it on a CPU.
 """
 
 from __future__ import annotations
@@ -25,12 +28,17 @@ from typing import Any
 
 from tabulate import tabulate
 
+from bench.gate.args import directory_problem
 from bench.gate.runs import BaselineError
+from bench.gate.runs import RunState
+from bench.gate.runs import find_run_files
 from bench.gate.runs import gpu_name
 from bench.gate.runs import read_run
+from bench.gate.runs import run_state
 from bench.gate.runs import setting
 from bench.gate.verdict import Verdict
-from bench.gate.runs import find_run_files
+from bench.tools.confirm import Confirmation
+from bench.tools.confirm import confirm
 from kernels import env as loadbench_env
 
 MODES = {  # mode: (tier, whether the run is stored as main's newest)
@@ -39,6 +47,19 @@ MODES = {  # mode: (tier, whether the run is stored as main's newest)
     "nightly": ("nightly", True),
 }
 USAGE = 2
+PAIRS = 3  # paired runs of main and the change for a case the first run found slower
+# pytest options ci sets itself: given after --, they would change what the summary reports.
+CONTROLLED = {
+    "--tier": "ci's mode picks the tier (pr, main: the pull-request tier; nightly: every case)",
+    "--benchmark-json": "ci writes the run to --out/run.json",
+    "--benchmark-storage": "ci finds main's history itself (--storage or --data-repo)",
+    "--benchmark-compare": "ci picks the baseline: the newest stored run of main measured like this one",
+    "--benchmark-save": "ci stores main's and the nightly's runs itself",
+    "--benchmark-autosave": "ci stores main's and the nightly's runs itself",
+    "--benchmark-disable": "ci's summary is made of the gate's verdicts, which a disabled benchmark never reaches",
+    "--junitxml": "ci reads pytest's report from --out/junit.xml",
+    "--series-dir": "ci keeps the series in --out/series",
+}
 
 
 class CiError(Exception):
@@ -53,6 +74,25 @@ class CaseLine:
     figure: str  # median epoch (training) or batch-1 p99 (serving)
     accuracy: str
     verdict: Verdict | None  # None: the test failed before the gate judged it
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything the job summary states, gathered before it is written."""
+
+    mode: str
+    gpu: str  # what this machine measured on
+    history_gpu: str  # whose history was searched (the same unless --gpu overrides)
+    baseline: Path | None
+    history_runs: int
+    cases: list[CaseLine]
+    failed_tests: list[tuple[str, str]]  # (test, first line) from the JUnit report
+    exit_code: int  # the job's, after the paired runs and the store
+    plant: str | None = None  # the planted slowdown the run carried
+    state: RunState | None = None  # how the run ended; None: no run file at all
+    landed: str = ""  # where the run was stored, or that it was not
+    store_error: str | None = None  # why storing it failed
+    pairing: Confirmation | None = None
 
 
 # ------------------------------------------------------------------ history
@@ -119,13 +159,15 @@ def find_baseline(paths: Sequence[Path], gpu: str, wanted: dict[str, Any]) -> tu
     return max(matching)[1], len(matching)
 
 
-def data_branch(*args: str) -> None:
-    """Run `python -m bench.tools.databranch ARGS`; CiError with its message on failure."""
+def data_branch(*args: str) -> str:
+    """Run `python -m bench.tools.databranch ARGS`: the last line it printed; CiError with
+    its message on failure."""
     done = subprocess.run([sys.executable, "-m", "bench.tools.databranch", *args], capture_output=True, text=True)
+    if done.returncode != 0:  # said once, in ci's own line
+        said = [line.removeprefix("mlp-loadbench history: ") for line in done.stderr.strip().splitlines()]
+        raise CiError(f"data branch {args[0]}: {said[-1] if said else f'exit {done.returncode}'}")
     sys.stderr.write(done.stderr)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise CiError(f"data branch {args[0]}: {last}")
+    return (done.stdout.strip().splitlines() or [""])[-1]
 
 
 # ------------------------------------------------------------------ summary
@@ -165,25 +207,41 @@ def junit_failures(path: Path) -> list[tuple[str, str]]:
     return failed
 
 
-def summary_markdown(
-    mode: str, gpu: str, baseline: Path | None, history_runs: int, cases: list[CaseLine],
-    failed_tests: list[tuple[str, str]], exit_code: int,
-) -> str:
-    """The job summary: the gate's verdict per case, what failed, how much history there was."""
+def summary_markdown(job: Outcome) -> str:
+    """The job summary: the gate's verdict per case, what failed, how much history there was,
+    where the run went. It states only what happened: a planted run says so first, a store
+    that failed is reported before anything could read as passed."""
+    cases = job.cases
     judged = [c for c in cases if c.verdict is not None]
     counts: dict[str, int] = {}
-    for case in judged:
-        counts[case.verdict.status] = counts.get(case.verdict.status, 0) + 1  # type: ignore[union-attr]
+    for case in cases:
+        status = case.verdict.status if case.verdict is not None else "no verdict"
+        counts[status] = counts.get(status, 0) + 1
     verdict_names = {c.name for c in judged if not c.verdict.passed}  # type: ignore[union-attr]
-    unjudged = [(name, msg) for name, msg in failed_tests if name not in verdict_names]
-    passed = exit_code == 0
+    unjudged = [(name, msg) for name, msg in job.failed_tests if name not in verdict_names]
+    passed = job.exit_code == 0
     head = "passed" if passed else "FAILED"
-    lines = [f"## mlp-loadbench {mode}: {head} on {gpu}", ""]
-    if baseline is None:
+    planted = f", planted slowdown {job.plant}" if job.plant else ""
+    lines = [f"## mlp-loadbench {job.mode}{planted}: {head} on {job.gpu}", ""]
+    if job.store_error:
+        lines += [f"**The run was not stored:** {job.store_error}", ""]
+    if job.plant:
+        lines += [f"This run planted a slowdown of {job.plant} in every timed epoch (--plant-slowdown): its "
+                  "verdicts show what the gate catches, not a change of the code.", ""]
+    if job.history_gpu != job.gpu:
+        lines += [f"History of **{job.history_gpu}** was asked for (--gpu) on a machine measuring on {job.gpu}: "
+                  "its runs are shown, not gated.", ""]
+    if job.baseline is None:
         lines.append("No stored run of main measured like this one yet: nothing was compared, budgets only.")
     else:
-        lines.append(f"Baseline: `{baseline.name}`, the newest of {history_runs} stored run(s) of main "
-                     "measured like this one (GPU model, profile, epochs).")
+        alike = "GPU model, profile, epochs" + (", without the plant" if job.plant else "")
+        lines.append(f"Baseline: `{job.baseline.name}`, the newest of {job.history_runs} stored run(s) of main "
+                     f"measured like this one ({alike}); a case it lacks is judged against the newest stored "
+                     "run that holds it.")
+    if job.state is None:
+        lines += ["", "pytest wrote no run file: nothing was measured."]
+    elif job.state.line():
+        lines += ["", f"**Not a whole run:** {job.state.line()}."]
     tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no case recorded"
     lines += ["", f"{len(cases)} case(s): {tally}."]
     unknown = [c.name for c in judged if c.verdict.noise is not None and not c.verdict.noise.get("known")]  # type: ignore[union-attr]
@@ -191,6 +249,10 @@ def summary_markdown(
         lines += ["", f"Noise unknown for {len(unknown)} case(s): fewer than 3 stored runs of main on this GPU, so the "
                       "time gate assumed a conservative spread (time_noise_unknown_pct) and catches only large "
                       "slowdowns there."]
+    untimed = sorted({c.verdict.reason.rsplit("; ", 1)[-1] for c in judged if "time not gated" in c.verdict.reason})  # type: ignore[union-attr]
+    if untimed:
+        lines += ["", f"Time was not judged against main in this run: {untimed[0]}."]
+    lines += pairing_lines(job.pairing)
     bad = [c for c in judged if not c.verdict.passed]  # type: ignore[union-attr]
     if bad:
         lines += ["", "### What the gate failed", ""]
@@ -200,8 +262,10 @@ def summary_markdown(
     if unjudged:
         lines += ["", "### Tests that failed without a verdict", ""]
         lines += [f"- **{name}**: {message}" for name, message in unjudged]
-    if not passed and not bad and not unjudged:
-        lines += ["", f"pytest exited with status {exit_code} (see the job log)."]
+    if not passed and not bad and not unjudged and not job.store_error:
+        lines += ["", f"pytest exited with status {job.exit_code} (see the job log)."]
+    if job.landed:
+        lines += ["", job.landed]
     rows = [[c.name, c.figure, c.accuracy, c.verdict.line() if c.verdict else "no verdict"] for c in cases]
     if rows:
         lines += ["", "<details><summary>Every case</summary>", "",
@@ -211,14 +275,31 @@ def summary_markdown(
     return "\n".join(lines) + "\n"
 
 
+def pairing_lines(pairing: Confirmation | None) -> list[str]:
+    """What the paired runs decided, for the summary."""
+    if pairing is None or not (pairing.paired or pairing.unpaired):
+        return []
+    confirmed = [t for t, p in pairing.paired.items() if p.confirmed]
+    cleared = [t for t, p in pairing.paired.items() if not p.confirmed]
+    lines = ["", "### Paired runs", ""]
+    if pairing.paired:
+        lines.append(f"{len(pairing.paired)} case(s) slower than main's history in this run were measured again, "
+                     f"alternately at main's commit `{(pairing.commit or '')[:8]}` and this one, on this machine: "
+                     f"{len(confirmed)} confirmed, {len(cleared)} not (ok: the first run's slowdown was the "
+                     "machine's or the day's, not the code's).")
+    for test, why in sorted(pairing.unpaired.items()):
+        lines.append(f"- {test}: not paired ({why}); the first run's verdict stands")
+    return lines
+
+
 # ------------------------------------------------------------------ the job
 
 
 def run_job(args: argparse.Namespace) -> int:
     tier, stores = MODES[args.mode]
+    stores = stores and not args.no_store
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    gpu = args.gpu or this_gpu()
+    gpu = this_gpu()
     work = Path(tempfile.mkdtemp(prefix="loadbench-ci-"))
     try:
         if args.data_repo:
@@ -229,8 +310,9 @@ def run_job(args: argparse.Namespace) -> int:
         stored = find_run_files(history_dir) if history_dir.exists() else []
         stored += [p for p in history_dir.glob("runs/*/*.json")] if history_dir.exists() else []
         stored = sorted(set(stored))
+        history_gpu = checked_gpu(args.gpu, gpu, stored)
         pytest_args = list(args.pytest_args)
-        baseline, history_runs = find_baseline(stored, gpu, wanted_settings(pytest_args, gpu))
+        baseline, history_runs = find_baseline(stored, history_gpu, wanted_settings(pytest_args, gpu))
         run_json = out / "run.json"
         junit = out / "junit.xml"
         command = [sys.executable, "-m", "pytest", *args.bench, f"--tier={tier}", f"--benchmark-json={run_json}",
@@ -242,25 +324,94 @@ def run_job(args: argparse.Namespace) -> int:
             command += [f"--benchmark-storage=file://{args.storage.resolve()}", f"--benchmark-save={args.save_name}"]
         command += pytest_args
         print("mlp-loadbench ci:", " ".join(command), flush=True)
+        before = set(find_run_files(args.storage)) if stores and not args.data_repo else set()
         exit_code = subprocess.run(command).returncode
         partial = out / "run.partial.json"
         run_file = run_json if run_json.is_file() else partial if partial.is_file() else None
+        failed_tests = junit_failures(junit)
+        pairing = None
+        if run_file is not None and exit_code == 1:
+            main_commit = commit_of(baseline) if baseline is not None else None
+            pairing = confirm(run_file, main_commit, repo=Path.cwd(), bench=args.bench, tier=tier,
+                              pytest_args=pytest_args, pairs=args.pairs, out=out)
+            exit_code = exit_after_pairing(exit_code, failed_tests, pairing)
+        state = run_state(read_run(run_file)) if run_file is not None else None
+        why = "--no-store" if args.no_store else "a pull request's run is never main's history"
+        landed, store_error = f"Not stored ({why}): the run stays in {run_json}.", None
+        if stores and run_file is not None:
+            try:
+                landed = store(args, run_file, out, before)
+            except CiError as exc:
+                landed, store_error = "", str(exc)
+                exit_code = USAGE
+        elif stores:
+            landed = "Not stored: pytest wrote no run file."
+        plant = option_value(pytest_args, "--plant-slowdown")
         cases = read_verdicts(run_file) if run_file is not None else []
-        summary = summary_markdown(args.mode, gpu, baseline, history_runs, cases, junit_failures(junit), exit_code)
+        summary = summary_markdown(Outcome(args.mode, gpu, history_gpu, baseline, history_runs, cases, failed_tests,
+                                           exit_code, plant, state, landed, store_error, pairing))
         (out / "summary.md").write_text(summary, encoding="utf-8")
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as handle:
                 handle.write(summary)
         print(summary)
-        if stores and args.data_repo and run_file is not None:
-            data_branch("push", "--repo", args.data_repo, "--branch", args.data_branch, "--series",
-                        str(out / "series"), str(run_file))
         if run_file is not None and not args.no_history:
             history(stored, run_file, out / "report")
         return exit_code
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def checked_gpu(asked: str | None, gpu: str, stored: Sequence[Path]) -> str:
+    """The GPU model whose history gates this run: this machine's, or --gpu where the
+    history holds runs of it (shown, not gated, when it is not this machine's model)."""
+    if asked is None or asked == gpu:
+        return gpu
+    held = sorted({gpu_name(read_run(p)["machine_info"]) for p in stored if readable(p)})
+    if asked not in held:
+        raise CiError(f"--gpu {asked!r}: this machine measures on {gpu!r}, and no stored run of main was measured on "
+                      f"{asked!r} (the history holds: {', '.join(held) or 'no runs'})")
+    return asked
+
+
+def readable(path: Path) -> bool:
+    try:
+        read_run(path)
+    except BaselineError:
+        return False
+    return True
+
+
+def commit_of(run_path: Path) -> str | None:
+    """The commit a stored run measured, as its commit_info names it."""
+    try:
+        commit = (read_run(run_path).get("commit_info") or {}).get("id")
+    except BaselineError:
+        return None
+    return str(commit) if commit else None
+
+
+def exit_after_pairing(exit_code: int, failed_tests: Sequence[tuple[str, str]], pairing: Confirmation) -> int:
+    """pytest's status once the paired runs cleared some cases: 0 when every failed test
+    was one of them, else unchanged."""
+    cleared = {test.rsplit("::", 1)[-1] for test, paired in pairing.paired.items() if not paired.confirmed}
+    if exit_code == 1 and failed_tests and all(name in cleared for name, _ in failed_tests):
+        return 0
+    return exit_code
+
+
+def store(args: argparse.Namespace, run_file: Path, out: Path, before: set[Path]) -> str:
+    """Store the run as main's newest (the data branch, or the storage pytest-benchmark
+    saved into) and say where it landed; CiError when it could not be stored."""
+    if args.data_repo:
+        said = data_branch("push", "--repo", args.data_repo, "--branch", args.data_branch, "--series",
+                           str(out / "series"), str(run_file))
+        return f"Stored: {said}."
+    new = sorted(set(find_run_files(args.storage)) - before)
+    if not new:
+        raise CiError(f"pytest-benchmark saved no run in {args.storage}")
+    return f"Stored as main's newest run: {new[-1]}."
 
 
 def history(stored: list[Path], run_file: Path, out: Path) -> None:
@@ -304,15 +455,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="name of the stored run (main, nightly). Default: the commit's first 8 characters")
     parser.add_argument("--gpu", default=None, help="the GPU model to find history for. Default: this machine's")
     parser.add_argument("--no-history", action="store_true", help="do not build history.html")
+    parser.add_argument("--no-store", action="store_true",
+                        help="gate, but do not store the run (a shard of the nightly tier, merged and stored later)")
     parser.add_argument("--bench", nargs="+", default=["bench/"], metavar="PATH",
                         help="what pytest runs. Default: bench/")
+    parser.add_argument("--pairs", type=pairs_count, default=PAIRS, metavar="N",
+                        help="a case slower than main's history is measured again N times beside main's commit "
+                             "(alternately, on this machine) and fails only if every pair confirms it; 0: the "
+                             "first run decides. Default: %(default)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)
     args.pytest_args = pytest_args
+    for arg in pytest_args:
+        flag = arg.split("=", 1)[0]
+        if flag in CONTROLLED:
+            parser.error(f"-- {arg}: refused: {CONTROLLED[flag]}")
     if args.storage.exists() and not args.storage.is_dir():
         parser.error(f"--storage {args.storage}: is a file; give the folder of main's stored runs")
+    problem = directory_problem(args.out)
+    if problem:
+        parser.error(f"--out {args.out}: {problem}")
     return args
+
+
+def pairs_count(value: str) -> int:
+    """--pairs: a whole number from 0 (off) to 10."""
+    if not value.isdigit() or int(value) > 10:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a whole number of pairs from 0 (off) to 10")
+    return int(value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
