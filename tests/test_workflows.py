@@ -95,6 +95,87 @@ def baseline_problems(workflow: dict[str, Any]) -> list[str]:
     return problems
 
 
+SETUP = "./.github/actions/gpu-runner"  # the composite action: venv, caches, install
+CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "LOADBENCH_CACHE_DIR")
+MAIN_REF = "refs/heads/main"
+
+
+def concurrency_problems(workflow: dict[str, Any]) -> list[str]:
+    """One concurrency group per workflow and ref, none shared between jobs (GitHub keeps one
+    pending run per group and cancels the rest), and no run of main ever cancelled: where
+    main's pushes run, main gets a group per commit and cancel-in-progress is false for it."""
+    top = workflow.get("concurrency") or {}
+    group = " ".join(str(top.get("group", "")).split())
+    problems = []
+    if "github.workflow" not in group or "github.ref" not in group:
+        problems.append(f"concurrency.group {group!r} is not one group per workflow and ref")
+    for name, job in workflow.get("jobs", {}).items():
+        if "concurrency" in job and "self-hosted" in job.get("runs-on", []):  # (the Pages deploy may drop a stale one)
+            problems.append(f"jobs.{name}.concurrency: a job-level group queues, and drops, other runs' jobs")
+    if "push" in triggers(workflow):
+        cancel = str(top.get("cancel-in-progress", False))
+        if "github.sha" not in group:
+            problems.append("pushes to main share one group: a queued main run is dropped by the next")
+        if cancel not in ("False", "false") and f"github.ref != '{MAIN_REF}'" not in cancel:
+            problems.append(f"cancel-in-progress {cancel!r} can cancel a run of main")
+    return problems
+
+
+def runner_problems(workflow: dict[str, Any]) -> list[str]:
+    """A job on the self-hosted runner sets up with the composite action (its own venv, the
+    runner's caches) before anything runs Python, and installs nothing into the runner's
+    system Python."""
+    problems = []
+    for name, job in workflow.get("jobs", {}).items():
+        if "self-hosted" not in job.get("runs-on", []):
+            continue
+        steps = job.get("steps", [])
+        uses = [i for i, step in enumerate(steps) if step.get("uses") == SETUP]
+        python = [i for i, step in enumerate(steps) if "python" in str(step.get("run", ""))]
+        if not uses:
+            problems.append(f"jobs.{name} does not use {SETUP}")
+        elif python and min(python) < uses[0]:
+            problems.append(f"jobs.{name} runs Python before {SETUP}")
+        problems += [f"jobs.{name}: step {step.get('name')!r} installs with pip outside the job's venv"
+                     for step in steps if "pip install" in str(step.get("run", ""))]
+    return problems
+
+
+def setup_problems(action: dict[str, Any]) -> list[str]:
+    """The composite action makes a venv, puts it first on PATH, keeps every kernel cache
+    in the runner's tool cache and installs into the venv."""
+    script = " ".join(str(step.get("run", "")) for step in action.get("runs", {}).get("steps", []))
+    problems = [] if "-m venv" in script and "GITHUB_PATH" in script else ["no venv first on the PATH"]
+    problems += [f"{name} is not kept in the runner's tool cache" for name in CACHE_VARIABLES
+                 if not re.search(rf"{name}=\$caches/", script) or "$RUNNER_TOOL_CACHE" not in script]
+    if not re.search(r"venv/bin/python\" -m pip install", script):
+        problems.append("the project is not installed into the venv")
+    return problems
+
+
+def shard_problems(workflow: dict[str, Any]) -> list[str]:
+    """The nightly tier is dealt over the runner pool: a matrix job runs `--shard i/N` for
+    i = 1..N without storing, and a job that needs it merges the shards and stores one run."""
+    jobs = workflow.get("jobs", {})
+    sharded = {name: job for name, job in jobs.items() if "shard" in (job.get("strategy") or {}).get("matrix", {})}
+    if not sharded:
+        return ["no job runs the nightly tier as a matrix of shards"]
+    problems = []
+    for name, job in sharded.items():
+        shards = job["strategy"]["matrix"]["shard"]
+        runs = " ".join(str(step.get("run", "")) for step in job.get("steps", []))
+        if shards != list(range(1, len(shards) + 1)) or f"--shard ${{{{ matrix.shard }}}}/{len(shards)}" not in runs:
+            problems.append(f"jobs.{name} does not run shards 1..{len(shards)} of {len(shards)}")
+        if "bench.tools.ci nightly" not in runs or "--no-store" not in runs:
+            problems.append(f"jobs.{name}: a shard must be gated by ci nightly and not stored on its own")
+        merging = [other for other, spec in jobs.items() if name in (spec.get("needs") or [])
+                   and "bench.tools.merge" in " ".join(str(s.get("run", "")) for s in spec.get("steps", []))
+                   and "databranch push" in " ".join(str(s.get("run", "")) for s in spec.get("steps", []))]
+        if not merging:
+            problems.append(f"no job needs jobs.{name}, merges its runs and stores the merged run")
+    return problems
+
+
 # ------------------------------------------- the guard's meaning, on sample events
 
 REPO = "owner/mlp-loadbench"
@@ -198,7 +279,7 @@ def test_the_gpu_jobs_only_call_the_ci_command() -> None:
             for name, job in load("gpu-bench.yml")["jobs"].items()}
     assert "bench.tools.ci pr" in runs["bench"] and "pytest" not in runs["bench"]
     assert "bench.tools.ci main" in runs["bench-main"] and "pytest" not in runs["bench-main"]
-    nightly = " ".join(str(s.get("run", "")) for s in load("nightly.yml")["jobs"]["nightly"]["steps"])
+    nightly = " ".join(str(s.get("run", "")) for job in load("nightly.yml")["jobs"].values() for s in job["steps"])
     assert "bench.tools.ci nightly" in nightly and "--profile thesis" in nightly
     assert "schedule" in triggers(load("nightly.yml"))
 
@@ -271,3 +352,51 @@ def test_the_evaluator_reads_github_expressions() -> None:
     assert evaluate("${{ github.event_name == 'push' }}", EVENTS["push_main"])
     with pytest.raises(ValueError, match="does not know"):
         evaluate("!github.event.label", event)
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "gpu-bench.yml", "nightly.yml"])
+def test_one_concurrency_group_per_workflow_and_ref_and_no_main_run_cancelled(name) -> None:
+    assert concurrency_problems(load(name)) == []
+
+
+@pytest.mark.parametrize("name", ["gpu-bench.yml", "nightly.yml"])
+def test_every_gpu_job_sets_up_its_own_venv_and_the_runners_caches(name) -> None:
+    assert runner_problems(load(name)) == []
+
+
+def test_the_setup_action_keeps_a_venv_and_every_kernel_cache() -> None:
+    action = yaml.safe_load((ROOT / ".github" / "actions" / "gpu-runner" / "action.yml").read_text())
+    assert setup_problems(action) == []
+
+
+def test_the_nightly_tier_is_dealt_over_the_runners_and_merged_into_one_stored_run() -> None:
+    assert shard_problems(load("nightly.yml")) == []
+
+
+def test_the_concurrency_check_fails_on_a_shared_group_and_on_cancelled_main_runs() -> None:
+    workflow = copy.deepcopy(load("gpu-bench.yml"))
+    workflow["jobs"]["bench"]["concurrency"] = {"group": "gpu-bench-gpu"}  # the bench job runs self-hosted
+    assert any("jobs.bench.concurrency" in p for p in concurrency_problems(workflow))
+    workflow = copy.deepcopy(load("gpu-bench.yml"))
+    workflow["concurrency"] = {"group": "${{ github.workflow }}-${{ github.ref }}", "cancel-in-progress": True}
+    problems = concurrency_problems(workflow)
+    assert any("dropped by the next" in p for p in problems) and any("cancel a run of main" in p for p in problems)
+
+
+def test_the_runner_check_fails_on_a_system_install_and_a_missing_setup() -> None:
+    workflow = copy.deepcopy(load("gpu-bench.yml"))
+    steps = workflow["jobs"]["bench"]["steps"]
+    steps[:] = [step for step in steps if step.get("uses") != SETUP]
+    steps.insert(1, {"name": "Install", "run": "python -m pip install -e ."})
+    problems = runner_problems(workflow)
+    assert "jobs.bench does not use ./.github/actions/gpu-runner" in problems
+    assert "jobs.bench: step 'Install' installs with pip outside the job's venv" in problems
+
+
+def test_the_shard_check_fails_without_the_merge_or_with_a_wrong_count() -> None:
+    workflow = copy.deepcopy(load("nightly.yml"))
+    workflow["jobs"]["shard"]["strategy"]["matrix"]["shard"] = [1, 2, 3]
+    assert any("does not run shards 1..3 of 3" in p for p in shard_problems(workflow))
+    workflow = copy.deepcopy(load("nightly.yml"))
+    del workflow["jobs"]["store"]
+    assert any("merges its runs" in p for p in shard_problems(workflow))
