@@ -26,9 +26,11 @@ from bench.gate.timing import check_time
 from bench.tools import selftest
 from bench.tools.selftest import CaseResult
 from bench.tools.selftest import analyse
+from bench.tools.selftest import false_red_line
 from bench.tools.selftest import load_campaign
 from bench.tools.selftest import main
 from bench.tools.selftest import suggest_pct
+from bench.tools.selftest import totals
 
 GPU = "NVIDIA H100 80GB HBM3"
 SETTINGS = {"profile": "quick", "epochs": 8, "dataset": "synthetic", "device": "cuda", "loop": "graph",
@@ -121,6 +123,22 @@ def test_false_alarms_and_detections_are_counted_per_case(results) -> None:
     assert (noisy.false_alarms, noisy.comparisons) == (1, 4)
     assert noisy.detected == {5.0: (0, 5)}  # +5% is inside 3 x its ~5% spread
     assert (slowed.false_alarms, slowed.detected) == (0, {5.0: (5, 5)})
+
+
+def test_the_false_red_rate_counts_runs_in_which_any_case_failed(budgets) -> None:
+    aa = [make_run(i) for i in range(5)]
+    names = [f"aa-{i + 1:02d}" for i in range(5)]
+    results = analyse(aa, {}, budgets, names)
+    assert {r.case_id: r.red_runs for r in results}["units-256"] == ("aa-04",)  # its one false alarm, by name
+    t = totals(results, len(aa))
+    assert (t.red_runs, t.run_comparisons) == (1, 4)
+    # Estimated from the cases' own rates: units-256 alone has one (1 of 4), the others none.
+    assert t.estimated_red == pytest.approx(0.25)
+    line = false_red_line(t)
+    assert "1/4 A/A runs red against the run before" in line and "from the cases' own rates 25.0%" in line
+    quiet = [r for r in results if r.case_id != "units-256"]
+    assert "(under 75% at 95% confidence)" in false_red_line(totals(quiet, len(aa)))  # none red: the rule of three
+    assert false_red_line(totals(results, 1)).endswith("unknown (needs 2 A/A runs)")
 
 
 def test_the_counts_are_the_gates_own_verdicts(budgets) -> None:

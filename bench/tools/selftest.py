@@ -250,6 +250,7 @@ class CaseResult:
     suggested_pct: float | None
     cards: int = 1  # distinct GPUs among the A/A runs; 0: some run does not say which
     card_offset: float | None = None  # relative, slowest card's median over the fastest's; None: one card or unknown
+    red_runs: tuple[str, ...] = ()  # the A/A runs (by name) this case failed in, against the run before
 
 
 def card_of(run: dict[str, Any]) -> str | None:
@@ -294,9 +295,14 @@ def gate_history(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(records[-MAX_HISTORY:])
 
 
+def false_alarm_runs(budget: Budget, aa: Sequence[dict[str, Any]]) -> list[int]:
+    """A/A run i against run i-1, history runs 1..i-1, for i = 2..N: the i that failed (0-based)."""
+    return [i for i in range(1, len(aa)) if check_time(budget, aa[i], aa[i - 1], history=gate_history(aa[:i]))]
+
+
 def count_false_alarms(budget: Budget, aa: Sequence[dict[str, Any]]) -> int:
-    """A/A run i against run i-1, history runs 1..i-1, for i = 2..N: how many failed."""
-    return sum(bool(check_time(budget, aa[i], aa[i - 1], history=gate_history(aa[:i]))) for i in range(1, len(aa)))
+    """How many A/A comparisons failed (false_alarm_runs)."""
+    return len(false_alarm_runs(budget, aa))
 
 
 def count_detections(budget: Budget, aa: Sequence[dict[str, Any]], planted: Sequence[dict[str, Any]]) -> int:
@@ -335,9 +341,12 @@ def analyse_case(
     aa: Sequence[dict[str, Any]],
     planted: dict[float, Sequence[dict[str, Any]]],
     cards: Sequence[str | None] = (),
+    names: Sequence[str] = (),
 ) -> CaseResult:
     """One case's figures from its extra_info records: A/A in run order, planted per
-    percentage; `cards`, the GPU of each A/A record (card_of), where known."""
+    percentage; `cards`, the GPU of each A/A record (card_of), where known; `names`, the
+    A/A runs' names (aa-01 ...), for the run-level false-red rate."""
+    red = false_alarm_runs(budget, aa)
     spread = estimate_noise(aa).spread
     change = largest_change(aa)
     detectable, rule = smallest_detectable(budget, aa)
@@ -349,7 +358,7 @@ def analyse_case(
         runs=len(aa),
         spread=spread,
         largest_change=change,
-        false_alarms=count_false_alarms(budget, aa),
+        false_alarms=len(red),
         comparisons=len(aa) - 1,
         detected={pct: (count_detections(budget, aa, runs), len(runs)) for pct, runs in sorted(planted.items())},
         detectable=detectable,
@@ -358,13 +367,16 @@ def analyse_case(
         suggested_pct=suggest_pct(noise_k(budget), spread, change),
         cards=n_cards,
         card_offset=offset,
+        red_runs=tuple(names[i] if i < len(names) else str(i + 1) for i in red),
     )
 
 
 def analyse(
-    aa_runs: Sequence[dict[str, Any]], planted_runs: dict[float, Sequence[dict[str, Any]]], budgets: Budgets
+    aa_runs: Sequence[dict[str, Any]], planted_runs: dict[float, Sequence[dict[str, Any]]], budgets: Budgets,
+    aa_names: Sequence[str] = (),
 ) -> list[CaseResult]:
-    """Every case of the runs (checked alike beforehand), in name order."""
+    """Every case of the runs (checked alike beforehand), in name order; `aa_names` names the A/A runs."""
+    campaign_names = list(zip(aa_names, aa_runs))
     run_settings = settings(aa_runs[0])
     profile, dataset = run_settings.get("profile", "smoke"), run_settings.get("dataset", "synthetic")
     results = []
@@ -377,7 +389,8 @@ def analyse(
         planted = {pct: [timed_cases(run)[fullname] for run in runs if fullname in timed_cases(run)]
                    for pct, runs in planted_runs.items()}
         budget = budgets.resolve(profile, str(aa[0].get("experiment", "")), str(aa[0].get("case", "")), dataset)
-        results.append(analyse_case(budget, fullname, aa, planted, [card_of(run) for run in holding]))
+        names = [name for name, run in campaign_names if run in holding] if campaign_names else []
+        results.append(analyse_case(budget, fullname, aa, planted, [card_of(run) for run in holding], names))
     return results
 
 
@@ -387,17 +400,40 @@ class Totals:
     comparisons: int
     caught_always: dict[float, int]  # percentage -> cases caught in every planted run
     cases: int
+    red_runs: int = 0  # A/A runs in which some case failed against the run before
+    run_comparisons: int = 0  # A/A runs judged against the one before (runs - 1)
+    estimated_red: float | None = None  # 1 - prod(1 - each case's false-alarm rate): a run of all these cases
 
 
-def totals(results: Sequence[CaseResult]) -> Totals:
+def totals(results: Sequence[CaseResult], aa_runs: int = 0) -> Totals:
     pcts = sorted({pct for r in results for pct in r.detected})
+    clear = 1.0
+    for r in results:
+        clear *= 1 - (r.false_alarms / r.comparisons if r.comparisons else 0.0)
     return Totals(
         false_alarms=sum(r.false_alarms for r in results),
         comparisons=sum(r.comparisons for r in results),
         caught_always={pct: sum(r.detected.get(pct, (0, 1))[0] == r.detected.get(pct, (0, 1))[1] for r in results)
                        for pct in pcts},
         cases=len(results),
+        red_runs=len({name for r in results for name in r.red_runs}),
+        run_comparisons=max(aa_runs - 1, 0),
+        estimated_red=1 - clear if results else None,
     )
+
+
+def false_red_line(t: Totals) -> str:
+    """The chance that an unchanged run of these cases is red, before any paired re-run:
+    as observed over the A/A runs, with the rule of three's 95% bound where none was red,
+    and as estimated from the cases' own rates taken as independent."""
+    if not t.run_comparisons:
+        return "false-red rate per run: unknown (needs 2 A/A runs)"
+    observed = f"{t.red_runs}/{t.run_comparisons} A/A runs red against the run before"
+    if t.red_runs == 0:
+        observed += f" (under {min(1.0, 3 / t.run_comparisons):.0%} at 95% confidence)"
+    estimate = f"; from the cases' own rates {t.estimated_red:.1%}" if t.estimated_red is not None else ""
+    return (f"false-red rate per run (an unchanged run of these {t.cases} case(s) failing somewhere, before the "
+            f"paired re-runs of `ci`): {observed}{estimate}")
 
 
 # ------------------------------------------------------------------------ outputs
@@ -467,6 +503,8 @@ def markdown(campaign: Campaign, results: Sequence[CaseResult], budgets_path: Pa
         table(results),
         "",
         totals_line(totals(results)),
+        "",
+        false_red_line(totals(results, len(campaign.aa))),
         "",
         *notes,
     ])
@@ -749,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  args.plant, args.mode or "host", pytest_args, args.gpus or (),
                                  resume=args.resume, stop_after=args.stop_after)
         campaign = load_campaign(paths)
-        results = analyse(campaign.aa_runs, campaign.planted_runs, budgets)
+        results = analyse(campaign.aa_runs, campaign.planted_runs, budgets, [name for name, _ in campaign.aa])
     except CampaignStopped as exc:
         print(f"mlp-loadbench selftest: {exc}", file=sys.stderr)
         return 3
