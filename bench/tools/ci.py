@@ -15,6 +15,7 @@ unusable). The workflows only call this; tests/test_ci.py drives it on a CPU.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +30,10 @@ from typing import Any
 from tabulate import tabulate
 
 from bench.gate.args import directory_problem
+from bench.gate.record import RECORD_KEY
+from bench.gate.record import RUN_KEY
+from bench.gate.runs import COMPLETE
+from bench.gate.runs import FAILED
 from bench.gate.runs import BaselineError
 from bench.gate.runs import RunState
 from bench.gate.runs import find_run_files
@@ -39,7 +44,10 @@ from bench.gate.runs import setting
 from bench.gate.verdict import Verdict
 from bench.tools.confirm import Confirmation
 from bench.tools.confirm import confirm
+from bench.tools.rows import append_rows
+from bench.tools.rows import gate_row
 from kernels import env as loadbench_env
+from model.files import write_atomic
 
 MODES = {  # mode: (tier, whether the run is stored as main's newest)
     "pr": ("pr", False),
@@ -217,8 +225,8 @@ def summary_markdown(job: Outcome) -> str:
     for case in cases:
         status = case.verdict.status if case.verdict is not None else "no verdict"
         counts[status] = counts.get(status, 0) + 1
-    verdict_names = {c.name for c in judged if not c.verdict.passed}  # type: ignore[union-attr]
-    unjudged = [(name, msg) for name, msg in job.failed_tests if name not in verdict_names]
+    # A test with a verdict is reported by it (one the paired runs cleared failed in pytest, and passes now).
+    unjudged = [(name, msg) for name, msg in job.failed_tests if name not in {c.name for c in judged}]
     passed = job.exit_code == 0
     head = "passed" if passed else "FAILED"
     planted = f", planted slowdown {job.plant}" if job.plant else ""
@@ -335,6 +343,8 @@ def run_job(args: argparse.Namespace) -> int:
             pairing = confirm(run_file, main_commit, repo=Path.cwd(), bench=args.bench, tier=tier,
                               pytest_args=pytest_args, pairs=args.pairs, out=out)
             exit_code = exit_after_pairing(exit_code, failed_tests, pairing)
+            if exit_code == 0:
+                settle(run_file)
         state = run_state(read_run(run_file)) if run_file is not None else None
         why = "--no-store" if args.no_store else "a pull request's run is never main's history"
         landed, store_error = f"Not stored ({why}): the run stays in {run_json}.", None
@@ -356,6 +366,8 @@ def run_job(args: argparse.Namespace) -> int:
             with open(step_summary, "a", encoding="utf-8") as handle:
                 handle.write(summary)
         print(summary)
+        if run_file is not None and args.rows is not None:
+            append_rows(args.rows, [gate_row(read_run(run_file), str(run_file), f"ci {args.mode}")])
         if run_file is not None and not args.no_history:
             history(stored, run_file, out / "report")
         return exit_code
@@ -390,6 +402,15 @@ def commit_of(run_path: Path) -> str | None:
     except BaselineError:
         return None
     return str(commit) if commit else None
+
+
+def settle(run_file: Path) -> None:
+    """A run whose only failures the paired runs cleared is stored as complete, not failed."""
+    run = read_run(run_file)
+    ended = run["machine_info"][RECORD_KEY].get(RUN_KEY)
+    if isinstance(ended, dict) and ended.get("state") == FAILED:
+        ended["state"] = COMPLETE
+        write_atomic(run_file, json.dumps(run, indent=4))
 
 
 def exit_after_pairing(exit_code: int, failed_tests: Sequence[tuple[str, str]], pairing: Confirmation) -> int:
@@ -455,6 +476,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="name of the stored run (main, nightly). Default: the commit's first 8 characters")
     parser.add_argument("--gpu", default=None, help="the GPU model to find history for. Default: this machine's")
     parser.add_argument("--no-history", action="store_true", help="do not build history.html")
+    parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
+                        help="append the run's row (card, commit, verdicts, paired runs) to this CSV "
+                             "(python -m bench.tools.rows)")
     parser.add_argument("--no-store", action="store_true",
                         help="gate, but do not store the run (a shard of the nightly tier, merged and stored later)")
     parser.add_argument("--bench", nargs="+", default=["bench/"], metavar="PATH",
