@@ -12,11 +12,11 @@ import pytest
 import torch
 from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
 
+from bench.gate.args import directory_problem
 from bench.plugin.options import Plant
 from bench.plugin.options import plant_on
 from bench.plugin.startup import compare_path
 from bench.plugin.startup import compare_problem
-from bench.plugin.startup import directory_problem
 from bench.tools.merge import main as merge_main
 from kernels import env
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pytest_benchmark.logger import PytestBenchmarkWarning
 
+from bench.gate.args import directory_problem
 from bench.plugin import startup
 from bench.gate.runs import machine_difference
 from bench.plugin.fixture import LoadBench
@@ -51,7 +52,7 @@ def check_start(config: pytest.Config) -> None:
                 for name in loadbench_env.PATH_VARIABLES]
     for where, folder in folders:
         if problem is None and folder:
-            trouble = startup.directory_problem(Path(folder).expanduser())
+            trouble = directory_problem(Path(folder).expanduser())
             problem = trouble and f"{where}: {trouble}"
     if problem:
         raise pytest.UsageError(problem)

@@ -7,26 +7,10 @@ not a session of training followed by a traceback.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 FILE_SCHEME = "file://"
 RUNS_SHOWN = 3  # the newest stored runs a 'no such file' line names
-
-
-def directory_problem(path: Path) -> str | None:
-    """Why `path` cannot be a directory this run writes into, or None once it is one
-    (made, with its parents, when missing, and written to)."""
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            return "is a file; give a directory" if part == path else f"{part} is a file, not a directory"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        return f"cannot be written ({exc.strerror or exc})"
-    return None
 
 
 def storage_dir(storage: str) -> Path | None:
