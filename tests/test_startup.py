@@ -3,9 +3,12 @@ nothing trained or written first (bench/plugin/startup.py, kernels/env.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,6 +131,54 @@ def test_valid_variables_read_as_before() -> None:
     assert [env.read(name, environ) for name in environ] == ["always", 4, 0, True, 0.5, "0"]
     assert [env.read(name, {}) for name in environ] == ["cache", 8, None, True, 1.0, "1"]  # the defaults
     assert {row[0] for row in env.table()} == set(env.BY_NAME)
+
+
+# Every command that reads a LOADBENCH_* variable, itself or through kernels/ and model/:
+# (its module, arguments that would otherwise start work, the name its one line begins with).
+TOOLS = [
+    ("bench.tools.step_phases", [], "python -m bench.tools.step_phases"),
+    ("bench.tools.tune", ["--dry-run"], "bench.tools.tune"),
+    ("bench.tools.bench_cells", ["--device", "cpu"], "bench.tools.bench_cells"),
+    ("bench.tools.databranch", ["pull", "--out", "pulled"], "mlp-loadbench history"),
+    ("bench.tools.selftest", ["-k", "units"], "mlp-loadbench selftest"),
+    ("bench.search", ["--out", "searched"], "mlp-loadbench search"),
+]
+
+
+@pytest.mark.parametrize(("module", "args", "prog"), TOOLS, ids=[tool[0] for tool in TOOLS])
+@pytest.mark.parametrize(("name", "value"), [("LOADBENCH_FUSED_STEP", "bogus"), ("LOADBENCH_STRICT_FP32", "fast"),
+                                             ("LOADBENCH_TUEN", "off")])
+def test_every_command_refuses_a_bad_variable_in_one_line(tmp_path: Path, module: str, args: list[str], prog: str,
+                                                          name: str, value: str) -> None:
+    if module == "bench.search" and importlib.util.find_spec("optuna") is None:
+        pytest.skip("the search needs optuna")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(env.PREFIX)}
+    environ |= {name: value, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, env=environ, capture_output=True,
+                          text=True, timeout=300)
+    expected = env.validate_all({name: value})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"{prog}: {expected}\n")
+    assert not any(tmp_path.iterdir())  # refused before anything was made
+
+
+def test_a_module_that_keeps_a_value_from_its_import_imports_with_a_bad_one() -> None:
+    """The import reads the fallback; the command's `check` refuses the value before it is used."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(env.PREFIX)}
+    environ |= {"LOADBENCH_FUSED_STEP": "bogus", "LOADBENCH_FUSED_FORWARD": "2", "LOADBENCH_STRICT_FP32": "x",
+                "PYTHONPATH": str(ROOT)}
+    code = ("from kernels.ops import mlp_step, mlp_forward; from kernels.plan import launch_plan; "
+            "print(mlp_step.SWITCH, mlp_forward.ENABLED, launch_plan.STRICT_FP32)")
+    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (0, "auto True tf32x3\n"), done.stderr
+    assert env.read_at_import("LOADBENCH_FUSED_STEP", {"LOADBENCH_FUSED_STEP": "1"}) == "1"
+
+
+def test_check_exits_2_with_the_commands_name_and_passes_good_values(capsys: pytest.CaptureFixture[str]) -> None:
+    env.check("prog", {"LOADBENCH_TUNE": "off", "PATH": "/bin"})
+    with pytest.raises(SystemExit) as exit_:
+        env.check("prog", {"LOADBENCH_TUNE": "sometimes"})
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "prog: LOADBENCH_TUNE='sometimes': use one of off, cache, always\n"
 
 
 def test_a_gpu_plant_on_a_cpu_records_the_host_sleep_that_runs() -> None:

@@ -355,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     building.add_argument("--window", type=int, default=50, choices=(50, 100),
                           help="moving-average window. Default: 50")
     args = parser.parse_args(argv)
+    loadbench_env.check("mlp-loadbench history")
     try:
         if args.command == "push":
             push(args.run, args.repo, args.branch, args.runner, args.series, args.attempts, args.backoff)
