@@ -52,6 +52,16 @@ BAD = [  # (command-line arguments, environment, the one line after 'ERROR: ', a
     (["--series-dir", "a-file"], {}, "--series-dir a-file: is a file; give a directory", False),
     (["--series-dir", "a-file/sub"], {}, "--series-dir a-file/sub: a-file is a file, not a directory", False),
     (["--budgets", "."], {}, ".: is a directory; give the budgets TOML file", False),
+    (["--benchmark-compare-fail=median:10%"], {},
+     "--benchmark-compare-fail: needs --benchmark-compare, the baseline its thresholds judge against*", False),
+    (["--benchmark-compare", "--benchmark-compare-fail=median:10%"], {},
+     "--benchmark-compare-fail: no saved run to compare with yet in *", False),
+    (["--benchmark-disable", "--benchmark-autosave"], {},
+     "--benchmark-disable with --benchmark-autosave: a disabled run times nothing and pytest-benchmark stores "
+     "nothing; drop one of them", False),
+    (["--benchmark-disable", "--benchmark-save=x"], {}, "--benchmark-disable with --benchmark-save: *", False),
+    (["--benchmark-disable", "--benchmark-json=out.json"], {}, "--benchmark-disable with --benchmark-json: *",
+     False),
 ]
 
 
@@ -90,6 +100,30 @@ def test_a_benchmark_json_folder_in_the_way_is_refused_by_its_parser(suite: pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     result.stderr.fnmatch_lines(["*--benchmark-json: can't open 'a-file/out.json'*Not a directory*"])
+
+
+@pytest.mark.parametrize("args", [["--shard", "-1/2"], ["--shard"]], ids=["negative", "missing"])
+def test_a_shard_that_argparse_would_read_as_an_option_says_what_a_shard_is(suite: pytest.Pytester,
+                                                                             args: list[str]) -> None:
+    result = suite.runpytest_inprocess("--collect-only", "-q", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "expected one argument" not in result.stderr.str()
+    result.stderr.fnmatch_lines(["*argument --shard: expected I/N after it, e.g. 1/4: none was given, or it began "
+                                 "with '-' (-1/2 reads as an option; a shard index counts from 1)"])
+    assert suite.runpytest_inprocess("--collect-only", "-q", "--shard=-1/2").ret == pytest.ExitCode.USAGE_ERROR
+    assert suite.runpytest_inprocess("--collect-only", "-q", "--shard", "1/2").ret == pytest.ExitCode.OK
+
+
+def test_a_shard_left_empty_by_k_is_named(suite: pytest.Pytester) -> None:
+    suite.makepyfile(test_case="def test_a():\n    pass\n\ndef test_b():\n    pass\n\ndef test_c():\n    pass\n")
+    result = suite.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--shard", "3/3", "-k", "test_a or test_b")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["mlp-loadbench: shard 3/3 of the 2 selected case(s) holds none: nothing ran "
+                                 "(exit 5, no tests)*"])
+    ran = suite.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--shard", "2/3", "-k", "test_a or test_b")
+    assert ran.ret == pytest.ExitCode.OK and "holds none" not in ran.stdout.str()
+    nothing = suite.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--shard", "3/3", "-k", "test_z")
+    assert nothing.ret == pytest.ExitCode.NO_TESTS_COLLECTED and "holds none" not in nothing.stdout.str()
 
 
 def test_a_missing_series_folder_is_made_at_start_up(suite: pytest.Pytester) -> None:
