@@ -1,14 +1,17 @@
 """Every LOADBENCH_* environment variable: one table, one parser each, one check of all.
 
 Stdlib only and free of triton, so that model/, bench/ and the tools read their
-variables here and the pytest plugin checks them all at start-up (`validate_all`)
-before anything trains. A value that is unset or blank means the variable's default.
+variables here; the pytest plugin checks them all at start-up (`validate_all`) and
+every command's main calls `check` first, before anything trains or is imported that
+keeps a value from its import on (`read_at_import`). A value that is unset or blank
+means the variable's default.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,6 +142,17 @@ def read(name: str, env: Mapping[str, str] | None = None) -> Any:
     return parse(name, env.get(name))
 
 
+def read_at_import(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """`read`, for a module that keeps the value from its import on: a bad value reads as
+    the fallback instead of raising, so that an import never ends a command with a
+    traceback; every entry point refuses that value first, in one line (`check`, and the
+    plugin's start-up), before the value is used."""
+    try:
+        return read(name, env)
+    except ValueError:
+        return BY_NAME[name].fallback
+
+
 def validate_all(env: Mapping[str, str] | None = None) -> str | None:
     """The first problem among the LOADBENCH_* variables set in `env` (the process's
     environment by default), as one line naming the variable and its allowed values;
@@ -153,6 +167,15 @@ def validate_all(env: Mapping[str, str] | None = None) -> str | None:
         except ValueError as exc:
             return str(exc)
     return None
+
+
+def check(prog: str, env: Mapping[str, str] | None = None) -> None:
+    """The one check every command's main calls first: exit 2 with `prog: problem` on
+    stderr where a LOADBENCH_* variable set in `env` (the process's by default) is bad."""
+    problem = validate_all(env)
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def table() -> list[tuple[str, str, str, str]]:

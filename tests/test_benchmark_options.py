@@ -96,6 +96,37 @@ def test_compare_fail_is_refused_against_a_baseline_of_other_settings(run, pytes
                                  "epochs=8, this run epochs=4*"])
 
 
+def test_compare_fail_against_a_baseline_that_differs_only_by_a_planted_slowdown_judges_it(run, pytester,
+                                                                                            monkeypatch) -> None:
+    """As documented: let through, and pytest-benchmark's threshold judges the epochs; the
+    suite's own gate shows such a baseline without gating it."""
+    run("--benchmark-autosave").assert_outcomes(passed=2)
+    (baseline,) = saved(pytester)
+    compare = (f"--benchmark-compare={baseline}", "--benchmark-compare-fail=median:10%", "--plant-slowdown=30")
+    same = run(*compare)  # the planted timer does not see the plant's sleep: the epochs are as long as before
+    assert same.ret == 0, same.stdout.str()[-2000:] + same.stderr.str()[-2000:]
+    same.assert_outcomes(passed=2)
+    monkeypatch.setenv("PLANTED_EPOCH_S", "0.13")  # what a 30% plant does to the timed epochs
+    slow = run(*compare)
+    shown = slow.stdout.str() + slow.stderr.str()
+    assert slow.ret not in (0, pytest.ExitCode.USAGE_ERROR)
+    assert "Performance has regressed" in shown and "Field 'median' has failed PercentageRegressionCheck" in shown
+    assert "the baseline measured something else" not in shown
+    assert "baseline ran plant=None, this run plant='30%:host': shown, not gated" in shown
+
+
+@pytest.mark.parametrize("where", ["ini", "PYTEST_ADDOPTS"])
+def test_a_refused_option_set_in_the_ini_files_addopts_or_the_environment_is_refused_too(run, pytester, monkeypatch,
+                                                                                       where) -> None:
+    if where == "ini":
+        pytester.makefile(".ini", pytest="[pytest]\naddopts = --benchmark-warmup-iterations=3\n")
+    else:
+        monkeypatch.setenv("PYTEST_ADDOPTS", "--benchmark-warmup-iterations=3")
+    result = run("--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--benchmark-warmup-iterations: not used by mlp-loadbench*"])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -114,3 +114,106 @@ def test_the_roofline_draws_each_bounded_case_and_says_when_there_is_none() -> N
     assert any("nearest the launch floor" in t for t in legend) and any("ridge" in t for t in legend)
     empty = roofline_figure([{"case": "units-128", "bound": None}])
     assert "no step bounds" in empty.axes[0].texts[0].get_text()
+
+
+def test_the_memory_floor_of_a_data_set_smaller_than_a_batch_moves_that_data_set_once() -> None:
+    """100 training rows and batch 512: one step a epoch, reading the 100 rows, not 512."""
+    cfg = config()
+    cost = training_cost(cfg, 100)
+    bound = step_bound(cost, cfg, n_train=100, in_features=75, kernels_per_epoch=30, device_us_per_epoch=90.0,
+                       epoch_seconds=0.001, ceilings=UNIT)
+    assert step_bytes(cost, 100, 75) < step_bytes(cost, 512, 75)
+    assert bound.memory_us == pytest.approx(step_bytes(cost, 100, 75) / 1e9 * 1e6)
+    assert bound.compute_us == pytest.approx(cost.train_flops_per_epoch / 1e12 * 1e6)  # the one step is the epoch
+    assert bound.kernels_per_step == 30 and bound.step_us == pytest.approx(1000)
+
+
+@pytest.fixture
+def planted_seconds(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Each timed call of bench/monitor/ceiling.py takes 0.5 s on a planted clock; the list
+    keeps what each timed function returned once."""
+    from bench.monitor import ceiling
+
+    returned: list[object] = []
+    monkeypatch.setattr(ceiling, "_seconds", lambda fn, device, repeats=3: returned.append(fn()) or 0.5)
+    return returned
+
+
+def test_the_matmul_ceiling_counts_two_flops_per_multiply_add(planted_seconds: list[object]) -> None:
+    from bench.monitor import ceiling
+
+    n = ceiling.SIZE["cpu"]
+    assert ceiling.matmul_tflops(torch.device("cpu"), "fp32") == pytest.approx(2 * n**3 / 0.5 / 1e12)
+    (product,) = planted_seconds
+    assert product.shape == (n, n)  # an n x n by n x n product: n**3 multiply-adds
+    assert ceiling.copy_gb_per_s(torch.device("cpu")) == pytest.approx(2 * ceiling.COPY_BYTES["cpu"] / 0.5 / 1e9)
+
+
+def test_the_cpus_per_op_gap_is_the_loops_time_over_its_ops(planted_seconds: list[object]) -> None:
+    from bench.monitor import ceiling
+
+    assert ceiling.kernel_gap_us(torch.device("cpu")) == pytest.approx(0.5 / ceiling.CPU_OPS * 1e6)
+
+
+def test_bf16_is_held_to_a_ceiling_measured_in_bf16(planted_seconds: list[object],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matmul runs in the precision asked for, and the session keeps one ceiling per
+    precision, so a bf16 case's compute floor is not the fp32 ceiling's."""
+    from types import SimpleNamespace
+
+    from bench.monitor import ceiling
+    from bench.plugin import session as session_module
+
+    ceiling.matmul_tflops(torch.device("cpu"), "bf16")
+    ceiling.matmul_tflops(torch.device("cpu"), "fp32")
+    assert [product.dtype for product in planted_seconds] == [torch.bfloat16, torch.float32]
+    measured: list[str] = []
+
+    def measure(device: torch.device, precision: str) -> Ceilings:
+        measured.append(precision)
+        return Ceilings({"fp32": 1.0, "bf16": 4.0}[precision], 10.0, 2.0)
+
+    monkeypatch.setattr(session_module, "measure_ceilings", measure)
+    session = SimpleNamespace(_ceilings={}, options=SimpleNamespace(device=torch.device("cpu")))
+    ceilings = session_module.LoadBenchSession.ceilings
+    assert [ceilings(session, p).matmul_tflops for p in ("bf16", "fp32", "bf16")] == [4.0, 1.0, 4.0]
+    assert measured == ["bf16", "fp32"]  # each measured once, at its first use
+
+
+PLANTED_CEILINGS = """
+import pytest
+from model.bound import Ceilings
+
+pytest_plugins = ["bench.plugin"]
+
+
+@pytest.fixture(autouse=True)
+def planted_ceilings(monkeypatch):
+    from bench.plugin import session
+    monkeypatch.setattr(session, "measure_ceilings",
+                        lambda device, precision: Ceilings({"fp32": 1.0, "bf16": 4.0}[precision], 10.0, 2.0))
+"""
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_cases_bound_reads_the_ceiling_of_its_own_precision(inprocess_ready: None, pytester: pytest.Pytester,
+                                                              precision: str) -> None:
+    import json
+
+    from model.data import synthesize
+    from model.data import write_csv
+
+    pytester.makeconftest(PLANTED_CEILINGS)
+    pytester.makepyfile(test_case="from bench.cases import Case\n\ndef test_small(loadbench):\n"
+                                  "    loadbench.run(Case('blocks', 2), width=16)\n")
+    data = write_csv(synthesize(scale=0.02), pytester.path / "tiny.csv")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=2",
+                                          f"--precision={precision}", f"--dataset={data}",
+                                          "--benchmark-json=out.json", f"--benchmark-storage={pytester.path / 'runs'}")
+    result.assert_outcomes(passed=1)
+    (bench,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
+    bound = bench["extra_info"]["bound"]
+    tflops = {"fp32": 1.0, "bf16": 4.0}[precision]
+    assert bound["ceilings"]["matmul_tflops"] == tflops
+    steps = bench["extra_info"]["cost"]["train_flops_per_epoch"] / (bound["compute_us"] * 1e-6 * tflops * 1e12)
+    assert steps == pytest.approx(round(steps)) and steps >= 1  # the floor is the epoch's FLOPs a step at that rate

@@ -351,6 +351,55 @@ def test_one_run_without_export_is_a_usage_error(tmp_path, capsys) -> None:
     assert "give OLD NEW to compare; one run file only with --export" in capsys.readouterr().err
 
 
+def test_old_and_new_the_same_file_is_refused_not_passed(stored, tmp_path, budgets, capsys) -> None:
+    old = stored / "0004_old.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(old)
+    for again in (old, link, stored / ".." / stored.name / old.name):
+        code, out, err = compare(capsys, old, again, "--budgets", budgets)
+        assert code == 2 and out == ""
+        assert err == f"mlp-loadbench compare: OLD {old} and NEW {again} are the same file: give two runs\n"
+
+
+@pytest.mark.parametrize("option", ["--out", "--export"])
+@pytest.mark.parametrize("role", ["OLD", "NEW"])
+def test_an_output_over_an_input_is_refused_and_the_input_kept(stored, tmp_path, budgets, capsys, option,
+                                                                role) -> None:
+    old, new = stored / "0004_old.json", write_run(tmp_path / "new.json", 5, cases())
+    target = old if role == "OLD" else new
+    before = target.read_bytes()
+    args = ["--out", target] if option == "--out" else ["--export", "bencher", target]
+    code, out, err = compare(capsys, old, new, "--budgets", budgets, *args)
+    assert code == 2 and out == ""
+    assert err == f"mlp-loadbench compare: {option} {target}: is {role}, a run this reads; write elsewhere\n"
+    assert target.read_bytes() == before
+    code, _, err = compare(capsys, "--export", "bencher", new, new)  # export alone: NEW is the one input
+    assert code == 2 and err == f"mlp-loadbench compare: --export {new}: is NEW, a run this reads; write elsewhere\n"
+
+
+def test_two_records_with_one_label_are_told_apart_in_the_summary_and_the_exports(stored, tmp_path, budgets,
+                                                                                   capsys) -> None:
+    """A loop case and an experiment case can both record case units-128: neither may hide the other."""
+    twin = "bench/test_loops.py::test_loop[units-128]"
+    old = write_run(tmp_path / "old.json", 4, cases() | {twin: training("units-128", 0.3)})
+    new = write_run(tmp_path / "new.json", 5, cases() | {twin: training("units-128", 0.3 * 1.4)})
+    code, out, _ = compare(capsys, old, new, "--budgets", budgets, "--no-history")
+    assert code == 1
+    assert "| units-128 (test_hidden_units[units-128]) " in out and "| units-128 (test_loop[units-128]) " in out
+    assert "**regressed**" in row(out, "units-128 (test_loop[units-128])")
+    assert "**regressed**" not in row(out, "units-128 (test_hidden_units[units-128])")
+    assert "- **units-128 (test_loop[units-128])** (regressed, `bench/test_loops.py::test_loop[units-128]`)" in out
+    code, _, _ = compare(capsys, "--export", "bencher", tmp_path / "bmf.json", "--export", "github-action-benchmark",
+                         tmp_path / "gab.json", new)
+    assert code == 0
+    bmf = json.loads((tmp_path / "bmf.json").read_text())
+    assert bmf["units-128 (test_loop[units-128])"]["median-epoch-s"]["value"] == pytest.approx(0.42)
+    assert bmf["units-128 (test_hidden_units[units-128])"]["median-epoch-s"]["value"] == pytest.approx(0.1)
+    names = [entry["name"] for entry in json.loads((tmp_path / "gab.json").read_text())]
+    assert len(names) == len(set(names))
+    assert "units-128 (test_loop[units-128]) median epoch" in names
+
+
 # ------------------------------------------------------------------------ exports
 
 

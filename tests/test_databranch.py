@@ -237,6 +237,27 @@ def test_a_repository_that_cannot_be_reached_is_named(tmp_path, capsys, command)
     assert err.startswith(f"mlp-loadbench history: repository {nowhere}: cannot be reached: ")
 
 
+@pytest.mark.parametrize("kind", ["missing path", "not a repository", "unknown remote"])
+def test_a_repository_that_cannot_be_used_is_named_by_gits_first_line(tmp_path, monkeypatch, capsys, kind) -> None:
+    """git ends with advice ("...and the repository exists."); its first line says what is wrong."""
+    checkout = tmp_path / "checkout"
+    git("init", "-q", str(checkout))
+    monkeypatch.chdir(checkout)
+    (tmp_path / "plain").mkdir()
+    repo = {"missing path": str(tmp_path / "nowhere.git"), "not a repository": str(tmp_path / "plain"),
+            "unknown remote": "upstream"}[kind]
+    assert main(["pull", "--repo", repo, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"mlp-loadbench history: repository {repo}: cannot be reached: "
+                   f"'{repo}' does not appear to be a git repository\n")
+
+
+def test_first_line_skips_hints_and_the_level_of_gits_message() -> None:
+    said = subprocess.CompletedProcess([], 1, "", "hint: try this\nfatal: what is wrong\nmore advice\n")
+    assert databranch.first_line(said) == "what is wrong"
+    assert databranch.first_line(subprocess.CompletedProcess([], 3, "", "")) == "git exited with 3"
+
+
 def test_a_url_is_named_without_its_token() -> None:
     assert shown("https://x-access-token:s3cret@github.com/o/r.git") == "https://github.com/o/r.git"
     assert shown("/srv/data.git") == "/srv/data.git"
@@ -284,12 +305,70 @@ def test_build_draws_one_section_per_gpu_model_from_the_branch(tmp_path, bare, m
     assert re.findall(r"<section id='gpu-[^']+'><h2>([^<]+)</h2>", page) == [H200, H100]
 
 
-def test_attempts_must_be_a_positive_number(tmp_path, bare, capsys) -> None:
+@pytest.mark.parametrize(("args", "said"), [
+    (["--attempts", "0"], "argument --attempts: 0: must be at least 1"),
+    (["--attempts", "x"], "argument --attempts: 'x' is not a whole number (at least 1)"),
+    (["--backoff", "-1"], "argument --backoff: -1: must be at least 0"),
+    (["--backoff", "inf"], "argument --backoff: inf: must be a finite number of seconds"),
+])
+def test_attempts_and_backoff_name_their_minimum_at_parse_time(tmp_path, bare, capsys, args, said) -> None:
     run = write_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
     with pytest.raises(SystemExit) as exit_:
-        push(run, bare, "box", "--attempts", "0")
-    assert exit_.value.code == 2 and "--attempts: Could not parse value: '0'." in capsys.readouterr().err
+        main(["push", str(run), "--repo", str(bare), "--runner", "box", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.splitlines()[-1].endswith(f"error: {said}"), err
     assert git("for-each-ref", cwd=bare) == ""
+
+
+def test_push_called_with_a_negative_backoff_refuses_before_any_git_work(tmp_path, bare) -> None:
+    run = write_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
+    with pytest.raises(databranch.DataBranchError, match=r"^--backoff -1: must be a finite number of seconds"):
+        databranch.push(run, str(bare), runner="box", backoff=-1)
+    with pytest.raises(databranch.DataBranchError, match=r"^--attempts 0: must be at least 1$"):
+        databranch.push(run, str(bare), runner="box", attempts=0)
+    assert git("for-each-ref", cwd=bare) == ""
+
+
+@pytest.mark.parametrize("command", ["pull", "build"])
+def test_an_out_folder_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path, bare, capsys, command) -> None:
+    (tmp_path / "a-file").write_text("in the way\n")
+    for out, said in ((tmp_path / "a-file", "is a file; give a directory"),
+                      (tmp_path / "a-file" / "sub", f"{tmp_path / 'a-file'} is a file, not a directory"),
+                      (Path("/proc/nope/out"), "cannot be written (")):
+        assert main([command, "--repo", str(bare), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"mlp-loadbench history: --out {out}: {said}"), err
+
+
+@pytest.mark.parametrize("branch", ["-x", "a..b", "has space", "HEAD", "@{-1}", "x.lock"])
+def test_a_branch_name_git_calls_invalid_is_refused_before_anything_is_pushed(tmp_path, bare, capsys,
+                                                                                 branch) -> None:
+    run = write_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
+    assert push(run, bare, "box", f"--branch={branch}") == 2
+    assert main(["pull", "--repo", str(bare), f"--branch={branch}", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"mlp-loadbench history: --branch {branch}: not a valid branch name by git's rules "
+                                "(git check-ref-format --branch)"] * 2
+    assert git("for-each-ref", cwd=bare) == "" and not (tmp_path / "out").exists()
+    assert push(run, bare, "box", "--branch=bench/data-2") == 0  # a name with a folder is a branch like any
+    assert branch_files(bare, "bench/data-2")
+
+
+def test_a_different_run_under_a_name_already_on_the_branch_is_refused_not_called_already_on(
+    tmp_path, bare, capsys
+) -> None:
+    first = write_run(tmp_path / "1.json", H100, "dddd4444", "2999-01-01T10:00:00")
+    assert push(first, bare, "box") == 0
+    other = json.loads(first.read_text())
+    other["benchmarks"][0]["extra_info"]["accuracy"] = 0.5  # same commit, second and runner: same name
+    (tmp_path / "2.json").write_text(json.dumps(other))
+    capsys.readouterr()
+    assert push(tmp_path / "2.json", bare, "box") == 1
+    captured = capsys.readouterr()
+    name = "runs/nvidia-h100-80gb-hbm3/29990101T100000Z_dddd4444_box.json"
+    assert "already on" not in captured.out + captured.err
+    assert captured.err == f"mlp-loadbench history: bench-data of {bare} already holds a different {name}\n"
+    assert git("show", f"bench-data:{name}", cwd=bare) == first.read_text()  # the first run kept as it was
 
 
 def test_the_module_runs_as_a_command() -> None:

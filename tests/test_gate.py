@@ -265,3 +265,72 @@ def test_a_machine_info_difference_is_one_short_line_that_names_the_settings_fir
     assert machine_difference(ours, base) == ("baseline machine_info differs (this run vs baseline): settings "
                                               "epochs 2 vs 8, plant 5%:gpu vs unset; loadbench.gpu.name, "
                                               "cpu.brand_raw, cpu.flags, node")
+
+
+# ------------------------------------------------------------------------ the time rule's limits
+
+
+def test_a_hard_ratio_alone_fails_a_case_past_it(tmp_path) -> None:
+    """time_hard_ratio with no time_slower_pct: the median ratio alone decides, past it a
+    failure even with a known noise, few epochs or throttled clocks; inside it nothing."""
+    (tmp_path / "budgets.toml").write_text("[defaults]\ntime_hard_ratio = 1.5\n")
+    hard = Budgets.load(tmp_path / "budgets.toml").resolve("quick", "units", "units-128")
+    assert hard.time_slower_pct is None and hard.time_hard_ratio == 1.5
+    quiet = history(1.00, 1.01, 0.99, 1.00)
+    (failure,) = check_time(hard, record(1.6), quiet[-1], history=quiet)
+    assert (failure.metric, failure.limit, failure.detail) == ("epoch_time_ratio", 1.5,
+                                                               "hard ceiling on the median ratio")
+    assert failure.value == pytest.approx(1.6, rel=1e-3)
+    assert check_time(hard, record(1.6, epochs=2) | {"throttled": True}, record(1.0, epochs=2))  # no test needed
+    assert check_time(hard, record(1.45), quiet[-1], history=quiet) == []  # +45%: the rule sets no other limit
+    from bench.gate.judge import judge
+
+    verdict = judge(record(1.6), hard, then=quiet[-1], history=quiet, baseline="0004.json", gating=True,
+                    profile="quick", epochs=None).verdict
+    assert verdict.status == "regressed" and [f.metric for f in verdict.failures] == ["epoch_time_ratio"]
+
+
+def serving_record(p99_us: float, *, spread: float = 0.002) -> dict:
+    """A serving record whose five rounds' p99 scatter `spread` around `p99_us`."""
+    rounds = [p99_us * 1e-6 * (1 + spread * (i - 2)) for i in range(5)]
+    return {"latency_p99_s": p99_us * 1e-6, "latency_p99_by_round_s": rounds, "latency_mode": "graph",
+            "throttled": False}
+
+
+def test_the_serving_latency_rules_noise_factor_changes_the_verdict() -> None:
+    """Stored p99s e^-0.05, 1, e^0.05 apart (five equal rounds each) pooled with this run's
+    rounds: a spread between 3.3% and 6.7%, so +20% is past three spreads, inside six."""
+    from bench.gate.budgets import InferenceBudget
+    from bench.gate.timing import check_latency
+    from bench.gate.timing import latency_rounds
+
+    stored = [serving_record(30 * math.exp(d), spread=0.0) for d in (-0.05, 0.0, 0.05)]
+    slower = serving_record(36)
+    noise = estimate_noise(stored, slower, samples=latency_rounds)
+    assert noise.known and 0.2 / 6 < noise.spread < 0.2 / 3
+    three, six = (InferenceBudget(latency_slower_pct=5, latency_noise_k=k, latency_alpha=0.01) for k in (3, 6))
+    (failure,) = check_latency(three, slower, stored[1], history=stored)
+    assert failure.metric == "latency_p99_ratio" and "3 x run-to-run spread" in failure.detail
+    assert check_latency(six, slower, stored[1], history=stored) == []
+
+
+def test_the_serving_latency_rules_unknown_noise_stand_in_changes_the_verdict() -> None:
+    """A baseline of one round and a run of two: two p99s against one cannot tell the
+    spread, so latency_noise_unknown_pct stands in (the default 25% where unset)."""
+    from bench.gate.budgets import InferenceBudget
+    from bench.gate.timing import Noise
+    from bench.gate.timing import check_latency
+
+    def rounds(*p99_us: float) -> dict:
+        return serving_record(p99_us[0]) | {"latency_p99_by_round_s": [p * 1e-6 for p in p99_us]}
+
+    base, slower = rounds(30.0), rounds(36.0, 36.1)  # +20%; Mann-Whitney's p is 1/3 at best
+    tight, loose, default = (InferenceBudget(latency_slower_pct=5, latency_noise_unknown_pct=pct, latency_alpha=0.5)
+                             for pct in (10, 30, None))
+    unknown = Noise(None, 1, "1 stored run(s)")
+    assert [time_limit(b, unknown)[0] for b in (tight, loose, default)] == pytest.approx([0.10, 0.30, 0.25])
+    (failure,) = check_latency(tight, slower, base)
+    assert "noise unknown" in failure.detail and "assumed 10%" in failure.detail
+    assert check_latency(loose, slower, base) == []
+    assert check_latency(default, slower, base) == []
+    assert check_latency(default, rounds(39.0, 39.1), base)  # +30%: past the default 25%

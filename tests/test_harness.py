@@ -606,37 +606,54 @@ def test_a_partial_file_that_cannot_be_written_is_a_warning_not_a_failure(bench,
     assert len(json.loads((pytester.path / "out.json").read_text())["benchmarks"]) == 2  # the run is saved as usual
 
 
-def test_the_partial_file_is_written_at_most_every_interval_and_by_its_cost(tmp_path, monkeypatch) -> None:
-    """Planted time: a write after the first finished case, none within MIN_INTERVAL_S,
-    none within COST_FACTOR times the last write's cost."""
+def test_the_partial_file_is_written_after_each_finished_case_and_waits_only_after_a_slow_write(
+    tmp_path, monkeypatch
+) -> None:
+    """Planted time (a write advances the clock by its planted cost): every finished case
+    is written at once, however soon after the last; only a write of SLOW_WRITE_S or more
+    makes the next wait COST_FACTOR times its cost."""
     from types import SimpleNamespace
 
     from bench.plugin import partial
 
     now = [100.0]
+    cost = [0.01]  # seconds each write takes on the planted clock
     monkeypatch.setattr(partial.time, "monotonic", lambda: now[0])
+
+    def generate_json(config, benchmarks, include_data, machine_info, commit_info):
+        now[0] += cost[0]
+        return {"benchmarks": [str(b) for b in benchmarks], "machine_info": machine_info, "commit_info": commit_info}
+
     hook = SimpleNamespace(
         pytest_benchmark_generate_commit_info=lambda config: {"id": "abc"},
         pytest_benchmark_update_commit_info=lambda config, commit_info: None,
-        pytest_benchmark_generate_json=lambda config, benchmarks, include_data, machine_info, commit_info: {
-            "benchmarks": [str(b) for b in benchmarks], "machine_info": machine_info, "commit_info": commit_info},
+        pytest_benchmark_generate_json=generate_json,
         pytest_benchmark_update_json=lambda config, benchmarks, output_json: None,
     )
-    session = SimpleNamespace(benchmarks=[], json=tmp_path / "run.json", disabled=False, get_machine_info=dict)
+    def machine_info() -> dict:
+        now[0] += 5.0  # py-cpuinfo and git take seconds, once: no write's cost
+        return {}
+
+    session = SimpleNamespace(benchmarks=[], json=tmp_path / "run.json", disabled=False,
+                              get_machine_info=machine_info)
     run = partial.PartialRun(SimpleNamespace(hook=hook, _benchmarksession=session))
     written = tmp_path / "run.partial.json"
 
-    def finish_case(name: str, after_s: float) -> list[str] | None:
-        session.benchmarks.append(name)
+    def finish_case(name: str | None, after_s: float) -> list[str] | None:
+        if name is not None:
+            session.benchmarks.append(name)
         now[0] += after_s
         return json.loads(written.read_text())["benchmarks"] if run.write() else None
 
-    assert finish_case("a", 1.0) == ["a"]  # the first finished case is kept at once
-    assert finish_case("b", partial.MIN_INTERVAL_S - 1) is None
-    assert finish_case("c", 1.0) == ["a", "b", "c"]
-    run.last_cost_s = 1.0  # a write that took a second waits COST_FACTOR seconds
-    assert finish_case("d", partial.MIN_INTERVAL_S + 1) is None
-    assert finish_case("e", partial.COST_FACTOR) == ["a", "b", "c", "d", "e"]
+    assert finish_case("a", 1.0) == ["a"]
+    assert finish_case("b", 0.001) == ["a", "b"]  # a millisecond after the last write: kept all the same
+    assert finish_case(None, 0.001) is None  # nothing new finished: nothing written
+    assert finish_case("c", 0.0) == ["a", "b", "c"]
+    cost[0] = partial.SLOW_WRITE_S  # the file has grown: this write takes a second
+    assert finish_case("d", 0.001) == ["a", "b", "c", "d"]  # the write before it was fast
+    assert finish_case("e", partial.COST_FACTOR * partial.SLOW_WRITE_S - 1) is None
+    assert finish_case("f", 1.5) == ["a", "b", "c", "d", "e", "f"]  # COST_FACTOR x the cost after the slow write
+    assert not list(tmp_path.glob(".run.partial.json.*"))  # written through a temporary and a rename
     session.json.write_text("{}")
     os.utime(session.json, (0, 0))  # a final file older than the partial one: another run's
     run.finish()
@@ -644,6 +661,33 @@ def test_the_partial_file_is_written_at_most_every_interval_and_by_its_cost(tmp_
     session.json.write_text("{}")  # pytest-benchmark wrote the whole run
     run.finish()
     assert not written.exists()
+
+
+THREE_CASES = """
+from bench.cases import Case
+
+def test_small(loadbench):
+    loadbench.run(Case("blocks", 2), width=32)
+
+def test_four(loadbench):
+    loadbench.run(Case("blocks", 4), width=32)
+
+def test_other(loadbench):
+    loadbench.run(Case("blocks", 3), width=32)
+"""
+
+
+def test_a_run_killed_in_its_third_case_keeps_both_finished_ones(bench, pytester) -> None:
+    """Two small cases finish within a second or two: both are in the partial file when the third is killed."""
+    from bench.gate.runs import load_runs
+
+    pytester.makeconftest(CONFTEST + KILL_SECOND)
+    pytester.makepyfile(test_cases=THREE_CASES)
+    result = bench("--benchmark-json=out.json", budgets="", isolated=True)
+    assert result.ret == 137, result.stdout.str()[-3000:]
+    (run,), warnings = load_runs([pytester.path / "out.partial.json"])
+    assert not warnings and [b["name"] for b in run.benchmarks] == ["test_small", "test_four"], result.stdout.str()
+    assert all(b["stats"]["data"] for b in run.benchmarks)
 
 
 def test_a_long_case_shows_progress_without_verbose(bench, pytester) -> None:

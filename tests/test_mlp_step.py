@@ -409,6 +409,110 @@ def test_transposed_products_and_copies_where_they_were_measured_faster() -> Non
         assert chosen(64, 512, precision) == chosen(512, 128, precision) == (0, 0)
 
 
+def test_tile_and_reduction_choices_at_their_exact_thresholds() -> None:
+    """132 SMs, 264 programs: 16 x 64 tiles from programs / 2 = 132 tiles of a hidden
+    layer (TF32 from 3/8, 99), fp32's 32 x 64 wider than 512 from 3/4 = 198 of them;
+    counter waits at fp32 from 128 rows, TF32's 64-wide forward steps below 256 rows,
+    balance but at fp32 and width 256. One row, or one column block, either side."""
+    def b(rows, width, precision="fp32"):
+        blocks = mlp_step.blocks_for(rows, width, 132, precision, interpreter=False)
+        return blocks.m, blocks.n, blocks.k, blocks.k_forward, blocks.flags, blocks.balance
+
+    # fp32, width 1024 (16 column blocks of 64): 13 x 16 = 208 tiles of 32 rows at 385 rows, 12 x 16 = 192 at 384
+    assert b(385, 1024)[:2] == (32, 64) and b(384, 1024) == (16, 64, 32, 64, True, False)
+    assert b(1024, 576)[:2] == (32, 64) and b(1024, 512)[:2] == (16, 64)  # wider than 512 only
+    # width 512 (8 column blocks): 17 x 8 = 136 tiles at 257 rows, 16 x 8 = 128 at 256
+    for precision in ("fp32", "bf16"):
+        assert b(257, 512, precision)[:2] == (16, 64) and b(256, 512, precision)[:2] == (16, 32)
+    assert b(512, 257)[:2] == (16, 64) and b(512, 256)[:2] == (16, 32)  # 5 x 32 = 160 tiles, 4 x 32 = 128
+    # TF32: 13 x 8 = 104 tiles at 193 rows, 12 x 8 = 96 at 192
+    assert b(193, 512, "tf32")[:3] == (16, 64, 64) and b(192, 512, "tf32")[:3] == (16, 32, 32)
+    # 16 x 32 tiles: counter waits at fp32 from 128 rows, not at 127
+    assert b(128, 512)[4:] == (True, True) and b(127, 512)[4:] == (False, False)
+    assert b(127, 512, "tf32")[4] and b(127, 512, "bf16")[4]
+    # TF32's forward steps of 64 under 256 rows (width 384: 16 x 6 = 96 tiles, below 99 at both)
+    assert b(255, 384, "tf32")[3] == 64 and b(256, 384, "tf32")[3] == 0
+    # balance at fp32 but for width 256 exactly
+    assert not b(128, 256)[5] and b(128, 257)[5] and b(128, 255)[5]
+
+
+def test_whole_tiles_only_where_the_forward_reduction_step_divides_the_width() -> None:
+    """16 x 32 tiles with 64-wide forward steps: a width of 96 fills the column blocks
+    and the backward steps (32) but not the forward's, so its loads stay masked."""
+    blocks = mlp_step.Blocks(16, 32, 32, 16, 4, k_forward=64)
+    assert not mlp_step.whole_tiles(64, [96], blocks)
+    assert not mlp_step.whole_tiles(64, [128, 96], blocks)
+    assert mlp_step.whole_tiles(64, [128, 64], blocks)
+    assert mlp_step.whole_tiles(64, [96], dataclasses.replace(blocks, k_forward=0))
+    assert not mlp_step.whole_tiles(64, [96], dataclasses.replace(blocks, k_forward=0, k=64))
+
+
+def test_the_largest_head_that_fits_is_accepted_and_trains() -> None:
+    assert mlp_step.unfit_reason([512, mlp_step.MAX_CLASSES], mlp_step.MAX_CLASSES, 512, 75) is None
+    over = mlp_step.MAX_CLASSES + 1
+    assert mlp_step.unfit_reason([512, over], over, 512, 75) == f"{over} classes > {mlp_step.MAX_CLASSES}"
+    x, y, (model, _), (optim, _), exact = problem(16, 1, "relu", "sgd", rows=64, classes=mlp_step.MAX_CLASSES)
+    assert mlp_step.FusedStep.usable([*model.hidden, model.head], 16) is None
+    step = fused(x, y, model, optim, "relu", 16)
+    index = torch.arange(16, device=DEVICE)
+    step(index, torch.zeros((), device=DEVICE))
+    step.check()
+    F.cross_entropy(exact(x[index].double()), y[index]).backward()
+    for (_, start, stop), reference in zip(optim.spans(), exact.parameters()):
+        want = reference.grad.flatten()
+        assert rms(optim.flat.grad[start:stop].double() - want) <= 1e-4 * rms(want)
+
+
+def test_each_precision_builds_its_own_tiles(monkeypatch) -> None:
+    x, y, (model, _), (optim, _), _ = problem(32, 2, "relu", "adam", rows=64)
+    asked = []
+    real = mlp_step.blocks_for
+
+    def blocks_for(rows, width, sms, precision="fp32", **kwargs):
+        asked.append(precision)
+        return real(rows, width, sms, precision, **kwargs)
+
+    monkeypatch.setattr(mlp_step, "blocks_for", blocks_for)
+    steps = {p: fused(x, y, model, optim, "relu", 32, precision=p) for p in ("fp32", "tf32", "bf16")}
+    assert asked == ["fp32", "tf32", "bf16"]
+    for precision, step in steps.items():
+        assert step.blocks == real(32, 32, step.sms, precision)
+    assert steps["fp32"].blocks != steps["bf16"].blocks  # the interpreter runs each precision's GPU choice
+    assert steps["bf16"].act_t.dtype == torch.bfloat16 and steps["fp32"].act_t.numel() == 1  # copies kept or not
+    assert steps["tf32"].act_t.dtype == torch.float32 and steps["tf32"].act_t.numel() > 1
+
+
+def test_a_batch_whose_last_row_block_is_short_has_its_counters() -> None:
+    """40 rows in blocks of 16: three row blocks, the last of 8 rows, each with its rows-of-A
+    and rows-of-G counter per layer. The interpreter's one program never waits, so the
+    counts are read after a step whose last program was kept from zeroing them; a step as
+    launched leaves them zero for the next, and the gradients are right."""
+    assert mlp_step.sync_counters(3, 40, 16) == 2 + 2 * 3 * 3 + 2 * 3
+    assert mlp_step.sync_counters(3, 48, 16) == mlp_step.sync_counters(3, 40, 16)
+    assert mlp_step.sync_counters(3, 49, 16) == 2 + 2 * 3 * 4 + 2 * 3
+    x, y, (model, _), (optim, _), exact = problem(32, 2, "relu", "adam", rows=64)
+    step = fused(x, y, model, optim, "relu", 40)
+    assert step.blocks.flags and step.blocks.m == 16 and step.blocks.n == 16
+    assert step.sync.numel() == mlp_step.sync_counters(3, 40, 16)
+    index = torch.arange(40, device=DEVICE)
+    step.sync[1] = 1000  # "programs finished" far from the grid: the last one keeps from zeroing the counters
+    step(index, torch.zeros((), device=DEVICE))
+    step.check()
+    blocks = 3
+    rows_of_a = step.sync[2:2 + 3 * blocks].view(3, blocks)
+    rows_of_g = step.sync[2 + 3 * blocks:2 + 6 * blocks].view(3, blocks)
+    # each hidden layer's two 16-column tiles signalled their row block, the short third one too
+    assert rows_of_a[:2].tolist() == [[2, 2, 2]] * 2 and rows_of_g[:2].tolist() == [[2, 2, 2]] * 2
+    F.cross_entropy(exact(x[index].double()), y[index]).backward()
+    for (_, start, stop), reference in zip(optim.spans(), exact.parameters()):
+        want = reference.grad.flatten()
+        assert rms(optim.flat.grad[start:stop].double() - want) <= 1e-4 * rms(want)
+    step.sync.zero_()
+    step(index, torch.zeros((), device=DEVICE))  # as the trainer launches it: the counters reset after
+    step.check()
+    assert not step.sync.any()
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return load_dataset("synthetic", scale=0.01, device=DEVICE)
@@ -436,6 +540,19 @@ def test_the_trainer_records_which_route_ran(tiny, monkeypatch) -> None:
     refused = Trainer(config(), tiny)
     assert refused.step_route == "layers (10 classes > 4)"
     assert refused.notes == ["the fused step did not run: 10 classes > 4"]
+
+
+def test_auto_never_overrides_the_steps_own_refusal(tiny, monkeypatch) -> None:
+    """Under 'auto', where auto itself would take the step (as on a GPU at a measured
+    shape), a shape the step refuses still trains through the layer kernels, with the
+    step's reason and no note (auto asked for nothing in particular)."""
+    monkeypatch.setattr(mlp_step, "SWITCH", "auto")
+    monkeypatch.setattr(mlp_step, "auto_refusal", lambda widths, rows, cuda: None)
+    assert Trainer(config(), tiny).step_route == "fused-step"  # auto takes it where the step fits
+    monkeypatch.setattr(mlp_step, "MAX_CLASSES", 4)
+    refused = Trainer(config(), tiny)
+    assert refused.step_route == "layers (10 classes > 4)" and refused.fused_step is None and refused.notes == []
+    assert Trainer(config(loop="reference"), tiny).step_route.startswith("layers (the reference loop")
 
 
 @interpreter

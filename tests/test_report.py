@@ -690,3 +690,23 @@ def test_a_bad_budgets_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert err.count("\n") == 1, err
     assert err.startswith(f"mlp-loadbench report: --budgets {bad}: [defaults]: unknown key 'time_slower_pc'")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_out_that_is_a_file_or_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    run = _synthetic(tmp_path, 0)
+    (tmp_path / "a-file").write_text("in the way\n")
+    for out, said in ((tmp_path / "a-file", "is a file; give a directory"),
+                      (tmp_path / "a-file" / "sub", f"{tmp_path / 'a-file'} is a file, not a directory"),
+                      (Path("/proc/nope/out"), "cannot be written (")):
+        assert report_main([str(run), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"mlp-loadbench report: --out {out}: {said}"), err
+    assert (tmp_path / "a-file").read_text() == "in the way\n"
+
+
+def test_the_out_check_leaves_no_folder_when_there_is_nothing_to_report(tmp_path, capsys) -> None:
+    path, _ = _unusable(tmp_path, "corrupt.json")
+    assert report_main([str(path), "--out", str(tmp_path / "new" / "out")]) == 1
+    assert not (tmp_path / "new").exists()
+    assert report_main([str(_synthetic(tmp_path, 0)), "--out", str(tmp_path / "new" / "out")]) == 0
+    assert (tmp_path / "new" / "out" / "tables.md").is_file()

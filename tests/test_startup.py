@@ -3,20 +3,23 @@ nothing trained or written first (bench/plugin/startup.py, kernels/env.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
 
+from bench.gate.args import directory_problem
 from bench.plugin.options import Plant
 from bench.plugin.options import plant_on
 from bench.plugin.startup import compare_path
 from bench.plugin.startup import compare_problem
-from bench.gate.args import directory_problem
 from bench.gate.args import file_problem
 from bench.plugin.startup import json_path
 from bench.tools.merge import main as merge_main
@@ -51,6 +54,16 @@ BAD = [  # (command-line arguments, environment, the one line after 'ERROR: ', a
     (["--series-dir", "a-file"], {}, "--series-dir a-file: is a file; give a directory", False),
     (["--series-dir", "a-file/sub"], {}, "--series-dir a-file/sub: a-file is a file, not a directory", False),
     (["--budgets", "."], {}, ".: is a directory; give the budgets TOML file", False),
+    (["--benchmark-compare-fail=median:10%"], {},
+     "--benchmark-compare-fail: needs --benchmark-compare, the baseline its thresholds judge against*", False),
+    (["--benchmark-compare", "--benchmark-compare-fail=median:10%"], {},
+     "--benchmark-compare-fail: no saved run to compare with yet in *", False),
+    (["--benchmark-disable", "--benchmark-autosave"], {},
+     "--benchmark-disable with --benchmark-autosave: a disabled run times nothing and pytest-benchmark stores "
+     "nothing; drop one of them", False),
+    (["--benchmark-disable", "--benchmark-save=x"], {}, "--benchmark-disable with --benchmark-save: *", False),
+    (["--benchmark-disable", "--benchmark-json=out.json"], {}, "--benchmark-disable with --benchmark-json: *",
+     False),
 ]
 
 
@@ -111,6 +124,30 @@ def test_an_output_file_is_checked_where_it_would_land(tmp_path: Path) -> None:
     assert json_path(None) is None and json_path("a/b.json") == Path("a/b.json")
 
 
+@pytest.mark.parametrize("args", [["--shard", "-1/2"], ["--shard"]], ids=["negative", "missing"])
+def test_a_shard_that_argparse_would_read_as_an_option_says_what_a_shard_is(suite: pytest.Pytester,
+                                                                             args: list[str]) -> None:
+    result = suite.runpytest_inprocess("--collect-only", "-q", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "expected one argument" not in result.stderr.str()
+    result.stderr.fnmatch_lines(["*argument --shard: expected I/N after it, e.g. 1/4: none was given, or it began "
+                                 "with '-' (-1/2 reads as an option; a shard index counts from 1)"])
+    assert suite.runpytest_inprocess("--collect-only", "-q", "--shard=-1/2").ret == pytest.ExitCode.USAGE_ERROR
+    assert suite.runpytest_inprocess("--collect-only", "-q", "--shard", "1/2").ret == pytest.ExitCode.OK
+
+
+def test_a_shard_left_empty_by_k_is_named(suite: pytest.Pytester) -> None:
+    suite.makepyfile(test_case="def test_a():\n    pass\n\ndef test_b():\n    pass\n\ndef test_c():\n    pass\n")
+    result = suite.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--shard", "3/3", "-k", "test_a or test_b")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["mlp-loadbench: shard 3/3 of the 2 selected case(s) holds none: nothing ran "
+                                 "(exit 5, no tests)*"])
+    ran = suite.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--shard", "2/3", "-k", "test_a or test_b")
+    assert ran.ret == pytest.ExitCode.OK and "holds none" not in ran.stdout.str()
+    nothing = suite.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--shard", "3/3", "-k", "test_z")
+    assert nothing.ret == pytest.ExitCode.NO_TESTS_COLLECTED and "holds none" not in nothing.stdout.str()
+
+
 def test_a_missing_series_folder_is_made_at_start_up(suite: pytest.Pytester) -> None:
     result = suite.runpytest_inprocess("--collect-only", "-q", "--series-dir", "new/series")
     assert result.ret == pytest.ExitCode.OK
@@ -150,6 +187,54 @@ def test_valid_variables_read_as_before() -> None:
     assert [env.read(name, environ) for name in environ] == ["always", 4, 0, True, 0.5, "0"]
     assert [env.read(name, {}) for name in environ] == ["cache", 8, None, True, 1.0, "1"]  # the defaults
     assert {row[0] for row in env.table()} == set(env.BY_NAME)
+
+
+# Every command that reads a LOADBENCH_* variable, itself or through kernels/ and model/:
+# (its module, arguments that would otherwise start work, the name its one line begins with).
+TOOLS = [
+    ("bench.tools.step_phases", [], "python -m bench.tools.step_phases"),
+    ("bench.tools.tune", ["--dry-run"], "bench.tools.tune"),
+    ("bench.tools.bench_cells", ["--device", "cpu"], "bench.tools.bench_cells"),
+    ("bench.tools.databranch", ["pull", "--out", "pulled"], "mlp-loadbench history"),
+    ("bench.tools.selftest", ["-k", "units"], "mlp-loadbench selftest"),
+    ("bench.search", ["--out", "searched"], "mlp-loadbench search"),
+]
+
+
+@pytest.mark.parametrize(("module", "args", "prog"), TOOLS, ids=[tool[0] for tool in TOOLS])
+@pytest.mark.parametrize(("name", "value"), [("LOADBENCH_FUSED_STEP", "bogus"), ("LOADBENCH_STRICT_FP32", "fast"),
+                                             ("LOADBENCH_TUEN", "off")])
+def test_every_command_refuses_a_bad_variable_in_one_line(tmp_path: Path, module: str, args: list[str], prog: str,
+                                                          name: str, value: str) -> None:
+    if module == "bench.search" and importlib.util.find_spec("optuna") is None:
+        pytest.skip("the search needs optuna")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(env.PREFIX)}
+    environ |= {name: value, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, env=environ, capture_output=True,
+                          text=True, timeout=300)
+    expected = env.validate_all({name: value})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"{prog}: {expected}\n")
+    assert not any(tmp_path.iterdir())  # refused before anything was made
+
+
+def test_a_module_that_keeps_a_value_from_its_import_imports_with_a_bad_one() -> None:
+    """The import reads the fallback; the command's `check` refuses the value before it is used."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(env.PREFIX)}
+    environ |= {"LOADBENCH_FUSED_STEP": "bogus", "LOADBENCH_FUSED_FORWARD": "2", "LOADBENCH_STRICT_FP32": "x",
+                "PYTHONPATH": str(ROOT)}
+    code = ("from kernels.ops import mlp_step, mlp_forward; from kernels.plan import launch_plan; "
+            "print(mlp_step.SWITCH, mlp_forward.ENABLED, launch_plan.STRICT_FP32)")
+    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (0, "auto True tf32x3\n"), done.stderr
+    assert env.read_at_import("LOADBENCH_FUSED_STEP", {"LOADBENCH_FUSED_STEP": "1"}) == "1"
+
+
+def test_check_exits_2_with_the_commands_name_and_passes_good_values(capsys: pytest.CaptureFixture[str]) -> None:
+    env.check("prog", {"LOADBENCH_TUNE": "off", "PATH": "/bin"})
+    with pytest.raises(SystemExit) as exit_:
+        env.check("prog", {"LOADBENCH_TUNE": "sometimes"})
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "prog: LOADBENCH_TUNE='sometimes': use one of off, cache, always\n"
 
 
 def test_a_gpu_plant_on_a_cpu_records_the_host_sleep_that_runs() -> None:

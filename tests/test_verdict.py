@@ -178,3 +178,82 @@ def test_the_verdict_and_the_summary_say_why_floors_were_not_judged() -> None:
     assert floors_lines(entries) == ["", f"floors: accuracy and F1 floors not judged for 2 case(s): {SKIPPED}; "
                                          "load ceilings and limits against a baseline still judged"]
     assert floors_lines(entries[2:]) == []
+
+
+def test_serving_tables_resolve_defaults_then_variants_then_cases_then_a_cases_variant(tmp_path) -> None:
+    """Each level sets the keys of the levels before it again, so every key shows which won."""
+    budgets = write(tmp_path, """
+[inference.defaults]
+latency_slower_pct = 1
+latency_noise_k = 1
+latency_noise_unknown_pct = 1
+latency_alpha = 0.01
+[inference.variants.bf16]
+latency_slower_pct = 2
+latency_noise_k = 2
+latency_noise_unknown_pct = 2
+[inference.cases."units-128"]
+latency_slower_pct = 3
+latency_noise_k = 3
+[inference.cases."units-128".variants.bf16]
+latency_slower_pct = 4
+[profiles.thesis.inference.defaults]
+latency_noise_unknown_pct = 9
+""")
+
+    def levels(variant: str, case: str, profile: str = "quick") -> tuple:
+        b = budgets.resolve_inference(profile, variant, case)
+        return b.latency_slower_pct, b.latency_noise_k, b.latency_noise_unknown_pct, b.latency_alpha
+
+    assert levels("bf16", "units-128") == (4, 3, 2, 0.01)  # the case's variant, the case, the variant, defaults
+    assert levels("fp32", "units-128") == (3, 3, 1, 0.01)  # no variant table: the case over the defaults
+    assert levels("bf16", "units-256") == (2, 2, 2, 0.01)  # another case: units-128's tables stay its own
+    assert levels("fp32", "units-256") == (1, 1, 1, 0.01)
+    assert levels("bf16", "units-128", "thesis") == (4, 3, 9, 0.01)  # a later scope over every level before it
+
+
+FLOORS = Budget(accuracy_min=0.9, macro_f1_min=0.9)
+BELOW = {"accuracy": 0.5, "macro_f1": 0.4}
+
+
+@pytest.mark.parametrize("epochs", [2, 7, 9, 400])
+def test_floors_let_off_runs_of_fewer_and_of_more_epochs_than_the_profiles(epochs) -> None:
+    checked = check_budget(FLOORS, BELOW, profile="smoke", epochs=epochs)
+    assert checked.failures == ()
+    assert checked.floors_skipped == f"floors set for 8 epochs of the smoke profile; this run trained {epochs}"
+
+
+def test_floors_judge_a_run_of_the_profiles_own_epochs_and_of_unknown_epochs() -> None:
+    for epochs in (8, None):
+        checked = check_budget(FLOORS, BELOW, profile="smoke", epochs=epochs)
+        assert [f.metric for f in checked.failures] == ["accuracy", "macro_f1"] and checked.floors_skipped is None
+
+
+def test_a_case_the_baseline_does_not_hold_is_judged_by_budgets_only() -> None:
+    """No record of the case in the baseline: nothing is compared, however slow the case
+    next to the history given, and the verdict says budgets only."""
+    from bench.gate.judge import judge
+
+    slow = {"epoch_seconds_by_round": [[5.0] + [3.0] * 10], "accuracy": 0.1, "macro_f1": 0.1, "throttled": False}
+    history = [{"epoch_seconds_by_round": [[1.0] + [1.0 + 0.01 * i for i in range(10)]], "accuracy": 0.9,
+                "macro_f1": 0.9, "throttled": False}] * 3
+    strict = Budget(time_slower_pct=1, time_hard_ratio=1.1, accuracy_drop_max=0.01, macro_f1_drop_max=0.01)
+    judged = judge(slow, strict, then=None, history=history, baseline="0004_main.json", gating=True,
+                   profile="smoke", epochs=8)
+    assert judged.verdict.status == OK and judged.verdict.failures == ()
+    assert judged.verdict.baseline is None and judged.verdict.reason == "no baseline: budgets only"
+    assert judged.noise is None and judged.time_gate is None and judged.verdict.noise is None
+    floored = judge(slow, Budget(accuracy_min=0.5), then=None, history=history, baseline="0004_main.json",
+                    gating=True, profile="smoke", epochs=8)
+    assert floored.verdict.status == OVER_BUDGET and floored.verdict.baseline is None  # the budgets still judge
+
+
+def test_a_verdicts_summary_line_names_the_broken_rules_not_only_its_reason() -> None:
+    reason = "baseline ran epochs=8, this run epochs=4: shown, not gated"
+    over = decide([FLOOR], [], baseline="0001_main.json", gating=False, reason=reason)
+    assert over.status == OVER_BUDGET
+    assert over.line() == f"over budget: {FLOOR.message}"
+    both = decide([FLOOR], [SLOW], baseline="0001_main.json", gating=True, reason="a reason")
+    assert both.line() == f"regressed: {SLOW.message}; {FLOOR.message}"
+    assert "epoch_time_ratio = 1.4 breaks its limit 1.1" in both.line() and "accuracy = 0.5" in both.line()
+    assert Verdict.from_dict(both.as_dict()).line() == both.line()  # as a stored run's reader prints it

@@ -1,8 +1,10 @@
-"""The argparse validators more than one command shares: one definition, one message each.
+"""The argument checks more than one command shares: one definition, one message each.
 
-Each parse_* takes the option's text and returns its value, or raises
+The parsers take the option's text and return its value, or raise
 argparse.ArgumentTypeError with one line that argparse prefixes with the option's name.
-The *_problem checks take an output path and return what is wrong with it, or None.
+`directory_problem` and `file_problem` check an output folder or file after parsing, for
+the pytest plugin and the tools alike (they make the folder, which a parser should not do
+before --help).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -26,6 +29,38 @@ def parse_positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
     return int(value)
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """A parser of whole numbers of at least `minimum`, whose message names the minimum."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number (at least {minimum})") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def seconds_at_least(minimum: float) -> Callable[[str], float]:
+    """A parser of a finite number of seconds of at least `minimum` (a wait: 0 waits none)."""
+
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+        if not math.isfinite(seconds):
+            raise argparse.ArgumentTypeError(f"{value}: must be a finite number of seconds")
+        if seconds < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: must be at least {minimum:g}")
+        return seconds
+
+    return parse
 
 
 def parse_epochs(value: str) -> int:
@@ -72,18 +107,27 @@ def parse_shard(value: str) -> tuple[int, int]:
     return index, count
 
 
-def directory_problem(path: Path) -> str | None:
-    """Why `path` cannot be a directory this run writes into, or None once it is one
-    (made, with its parents, when missing, and written to)."""
+def directory_problem(path: Path, keep: bool = True) -> str | None:
+    """Why `path` cannot be a directory a run or a tool writes into, or None once it is
+    one (made, with its parents, when missing, and written to). With `keep` False the
+    folders it made are removed again: a tool that may still find nothing to write
+    leaves nothing behind."""
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
             return "is a file; give a directory" if part == path else f"{part} is a file, not a directory"
+    made = [part for part in (path, *path.parents) if not part.exists()]  # the deepest first
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
         return f"cannot be written ({exc.strerror or exc})"
+    finally:
+        for part in made if not keep else ():
+            try:
+                part.rmdir()
+            except OSError:
+                break  # not made here after all, or no longer empty: leave it and what holds it
     return None
 
 

@@ -30,6 +30,7 @@ REFUSED = {
     "--benchmark-warmup-iterations": "the first epoch of every case is its warm-up round, recorded apart as "
                                      "first_epoch_s",
 }
+SAVING = ("--benchmark-save", "--benchmark-autosave", "--benchmark-json")
 NO_FILE_STORAGE = ("the time gate reads its baselines and history from pytest-benchmark's file storage; "
                    "use --benchmark-storage=file://PATH (or a folder path)")
 
@@ -55,6 +56,15 @@ def check(config: pytest.Config, timed_epochs: int) -> None:
                 f"--benchmark-min-rounds {wanted}: a training case times {timed_epochs} epoch(s) (its epochs after "
                 f"the warm-up); pass --epochs {wanted + 1} or more, or fewer rounds"
             )
+    if config.getoption("benchmark_compare_fail", None) and not config.getoption("benchmark_compare", None):
+        raise pytest.UsageError("--benchmark-compare-fail: needs --benchmark-compare, the baseline its thresholds "
+                                "judge against (pytest-benchmark would find none only after training every case)")
+    if config.getoption("benchmark_disable", False) and not config.getoption("benchmark_enable", False):
+        asked = [flag for flag, dest in zip(SAVING, ("benchmark_save", "benchmark_autosave", "benchmark_json"))
+                 if config.getoption(dest, None)]
+        if asked:
+            raise pytest.UsageError(f"--benchmark-disable with {' and '.join(asked)}: a disabled run times nothing "
+                                    "and pytest-benchmark stores nothing; drop one of them")
     storage = str(config.getoption("benchmark_storage", "") or "")
     if "://" in storage and not storage.startswith("file://"):
         scheme = storage.split("://", 1)[0]

@@ -59,6 +59,19 @@ def plant_on(plant: Plant | None, device: torch.device) -> Plant | None:
     return Plant(plant.fraction, "host", note)
 
 
+class ShardAction(argparse.Action):
+    """--shard I/N. argparse reads a value that begins with '-' (``--shard -1/2``) as the
+    next option and would say only "expected one argument": the value is optional to
+    argparse, so that a missing one gets this action's line saying what a shard is."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        if values is None:
+            raise argparse.ArgumentError(self, "expected I/N after it, e.g. 1/4: none was given, or it began with '-' "
+                                               "(-1/2 reads as an option; a shard index counts from 1)")
+        setattr(namespace, self.dest, values)
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("loadbench", "mlp-loadbench")
     group.addoption("--profile", choices=sorted(PROFILES), default=None,
@@ -83,7 +96,7 @@ def add_options(parser: pytest.Parser) -> None:
                     help="where per-case sample series go. Default: series/ inside the benchmark storage")
     group.addoption("--epochs", type=parse_epochs, default=None, metavar="N",
                     help="override the profile's epochs (at least 2: the first is the warm-up round)")
-    group.addoption("--shard", type=parse_shard, default=None, metavar="I/N",
+    group.addoption("--shard", type=parse_shard, nargs="?", action=ShardAction, default=None, metavar="I/N",
                     help="run the I-th of N deterministic shards of the collected cases (1-based)")
     group.addoption("--shard-durations", default=None, metavar="RUN.json",
                     help="with --shard: balance the shards by each case's time in this earlier run")
@@ -144,10 +157,7 @@ class Options:
         if dataset != "synthetic" and not Path(dataset).is_file():
             raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
         series = config.getoption("series_dir")  # checked, and made, at start-up (bench/plugin/startup.py)
-        try:
-            from kernels.plan.launch_plan import STRICT_FP32
-        except ValueError as exc:  # a bad LOADBENCH_STRICT_FP32
-            raise pytest.UsageError(str(exc)) from None
+        from kernels.plan.launch_plan import STRICT_FP32  # a bad value was refused at start-up (kernels/env.py)
         return cls(
             profile=profile,
             profile_was_default=name is None,

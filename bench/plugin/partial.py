@@ -4,7 +4,7 @@ killed process keeps the cases it finished.
 pytest-benchmark writes ``--benchmark-json PATH`` once, at the end of the session; a
 GPU matrix on a CI runner or a lent machine with a time limit can lose tens of minutes
 of cases to one kill. With ``--benchmark-json run.json`` this writes ``run.partial.json``
-beside it after a test that added a benchmark (at most every MIN_INTERVAL_S), through
+beside it, atomically, after each test that finished a benchmark, through
 pytest-benchmark's own JSON hooks and encoder (the content the final file gets, so the
 report, compare and merge read it), and removes it once the final file is written.
 pytest-benchmark has no such option, hence this module.
@@ -29,9 +29,11 @@ from model.files import write_atomic
 
 SUFFIX = ".partial.json"
 # The file holds every finished case with its samples, so each write costs more than the
-# last (a whole serving matrix in one process reaches tens of MB): write at most every
-# MIN_INTERVAL_S, and so that writing takes at most 1/COST_FACTOR of the session.
-MIN_INTERVAL_S = 5.0
+# last. A normal run's write takes milliseconds and follows every finished case; only
+# where one took SLOW_WRITE_S or more (a whole serving matrix in one process reaches
+# tens of MB) does the next wait COST_FACTOR times as long, so writing stays a small
+# part of the session. The cases it waits over are in the next write, or the final file.
+SLOW_WRITE_S = 1.0
 COST_FACTOR = 50
 
 
@@ -73,11 +75,13 @@ class PartialRun:
         finished = [bench for bench in self.session.benchmarks if bench] if path is not None else []
         if path is None or self.broken or len(finished) == self.written:
             return None
-        if time.monotonic() - self.last_write < max(MIN_INTERVAL_S, COST_FACTOR * self.last_cost_s):
+        slow = self.last_cost_s >= SLOW_WRITE_S
+        if slow and time.monotonic() - self.last_write < COST_FACTOR * self.last_cost_s:
             return None
         try:
+            infos = self._infos()  # once per session, and seconds (py-cpuinfo, git): not the cost of a write
             start = time.monotonic()
-            written = self._write(path, finished)
+            written = self._write(path, finished, infos)
             self.last_write = time.monotonic()
             self.last_cost_s = self.last_write - start
             return written
@@ -87,13 +91,18 @@ class PartialRun:
                                                f"{type(exc).__name__}: {exc}"), stacklevel=1)
             return None
 
-    def _write(self, path: Path, finished: list[Any]) -> Path:
-        hook = self.config.hook
-        if self.infos is None:  # git and the machine do not change within a session
+    def _infos(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """machine_info and commit_info, gathered once: git and the machine do not change within a session."""
+        if self.infos is None:
+            hook = self.config.hook
             commit_info = hook.pytest_benchmark_generate_commit_info(config=self.config)
             hook.pytest_benchmark_update_commit_info(config=self.config, commit_info=commit_info)
             self.infos = (self.session.get_machine_info(), commit_info)
-        machine_info, commit_info = self.infos
+        return self.infos
+
+    def _write(self, path: Path, finished: list[Any], infos: tuple[dict[str, Any], dict[str, Any]]) -> Path:
+        hook = self.config.hook
+        machine_info, commit_info = infos
         output = hook.pytest_benchmark_generate_json(config=self.config, benchmarks=finished, include_data=True,
                                                      machine_info=machine_info, commit_info=commit_info)
         hook.pytest_benchmark_update_json(config=self.config, benchmarks=finished, output_json=output)

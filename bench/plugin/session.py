@@ -92,6 +92,7 @@ class LoadBenchSession:
         self._datasets: dict[float, Dataset] = {}  # by fraction of the profile's frames
         self._ceilings: dict[str, Ceilings] = {}  # by precision
         self.left_to_nightly = 0  # cases of the nightly tier this pr-tier run left out
+        self.empty_shard: str | None = None  # "I/N of the M selected case(s)" where this shard got none
         self.unfinished: list[str] = []  # cases left out of the saved run: no timed round
         self._scratch: Path | None = None
         self.running: str | None = None  # the test under way, for an interrupt's message
@@ -314,6 +315,9 @@ class LoadBenchSession:
         files = [f for f in files if f.suffix == ".json"]
         if compare is True:
             files = files[-1:]
+            if not files and self.config.getoption("benchmark_compare_fail", None):
+                raise pytest.UsageError(f"--benchmark-compare-fail: no saved run to compare with yet in {bs.storage} "
+                                        "(pytest-benchmark would say so only after training every case)")
             if not files:
                 self.baseline_messages.append("no saved run to compare with yet: nothing gated")
                 return
@@ -353,6 +357,8 @@ class LoadBenchSession:
                  for item in items}
         keep = set(assign(list(units), count, self.shard_durations, units)[index - 1])
         deselected = [item for item in items if item.nodeid not in keep]
+        if items and not keep:  # pytest would only say "no tests ran" (exit 5)
+            self.empty_shard = f"{index}/{count} of the {len(items)} selected case(s)"
         items[:] = [item for item in items if item.nodeid in keep]
         self.collected = len(items)
         if deselected:
@@ -428,6 +434,11 @@ class LoadBenchSession:
             terminalreporter.write_line(
                 f"mlp-loadbench: tier pr: {self.left_to_nightly} case(s) of the nightly tier left out "
                 "(--tier nightly runs them)"
+            )
+        if self.empty_shard is not None:
+            terminalreporter.write_line(
+                f"mlp-loadbench: shard {self.empty_shard} holds none: nothing ran (exit 5, no tests); "
+                "a serving configuration's cases stay in one shard, so fewer shards or a wider -k give it some"
             )
         saved = "saved the finished cases" if self.saving else "stored nothing"
         if self.interrupted_in is not None:

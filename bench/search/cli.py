@@ -117,6 +117,7 @@ def gpu_model(device: torch.device) -> str:
 def main(argv: Sequence[str] | None = None, evaluator: Evaluator | None = None) -> int:
     """The command. `evaluator` replaces the real measurement (tests inject a fake)."""
     args = parser().parse_args(argv)  # exits 2 with argparse's one message on a bad option
+    loadbench_env.check("mlp-loadbench search")
     try:
         return search(args, evaluator)
     except (SearchError, SpaceError) as exc:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels import env as loadbench_env
 from kernels.plan import launches
 from kernels.ops import linear_act  # noqa: F401  (the op loads at import, outside any timed first call)
 from kernels.plan.tuning_cache import FILE_NAME
@@ -390,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default="bench_cells.json", help="results, rewritten after every cell")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (the interpreter: a smoke run)")
     args = parser.parse_args(argv)
+    loadbench_env.check("bench.tools.bench_cells")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench.tools.bench_cells: no CUDA GPU here (--device cpu runs the code path through the interpreter)",

@@ -511,6 +511,7 @@ def pairs_count(value: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    loadbench_env.check("mlp-loadbench ci")  # the variables its pytest sessions and tools read
     args = parse_args(argv)
     try:
         return run_job(args)

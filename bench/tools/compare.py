@@ -493,7 +493,8 @@ exports (the figures of NEW, the run being published; a figure not measured is l
       upper_value}}}, measures median-epoch-s, accuracy, energy-per-epoch-j, batch1-p99-us.
 
 exit status: 0 nothing regressed (or export only), 1 a case regressed (or, with
---budgets-too, is over budget), 2 unusable input (one line on stderr names the file)."""
+--budgets-too, is over budget), 2 unusable input (one line on stderr names the file):
+OLD and NEW one file, or --out or --export naming a run it reads, among them."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -537,7 +538,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (a link, another spelling of the path)."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
+def check_paths(runs: Sequence[Path], outputs: Sequence[tuple[str, Path]]) -> None:
+    """CompareError when OLD and NEW are one file (a run judged against itself passes,
+    whatever it holds) or an output would be written over a run it reads."""
+    if len(runs) == 2 and same_file(*runs):
+        raise CompareError(f"OLD {runs[0]} and NEW {runs[1]} are the same file: give two runs")
+    for option, path in outputs:
+        for role, run in zip(("OLD", "NEW") if len(runs) == 2 else ("NEW",), runs):
+            if same_file(path, run):
+                raise CompareError(f"{option} {path}: is {role}, a run this reads; write elsewhere")
+
+
 def run(args: argparse.Namespace) -> int:
+    outputs = [("--export", Path(path)) for _, path in args.export]
+    check_paths(args.runs, outputs + ([("--out", args.out)] if args.out is not None else []))
     if len(args.runs) == 1:
         new = read(args.runs[0], "NEW")
         for format_, path in args.export:

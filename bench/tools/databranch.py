@@ -33,6 +33,9 @@ from typing import Any
 
 from tabulate import tabulate
 
+from bench.gate.args import at_least
+from bench.gate.args import directory_problem
+from bench.gate.args import seconds_at_least
 from bench.gate.runs import BaselineError
 from bench.gate.runs import gpu_name
 from bench.gate.runs import read_run
@@ -73,16 +76,38 @@ def git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
         raise DataBranchError("git: not found on PATH; the data branch is read and written with git") from None
 
 
-def last_line(result: subprocess.CompletedProcess[str]) -> str:
+# Prefixes of git's message lines; its first line says what is wrong, later ones give advice.
+GIT_LEVELS = ("fatal: ", "error: ")
+GIT_ADVICE = ("hint:", "warning:")
+
+
+def first_line(result: subprocess.CompletedProcess[str]) -> str:
+    """What git said is wrong: its first line that is not a hint or a warning, without its
+    'fatal: ' (git ends such messages with advice, such as "...and the repository exists.")."""
     lines = [line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip()]
-    return shown(lines[-1]) if lines else f"git exited with {result.returncode}"
+    said = [line for line in lines if not line.startswith(GIT_ADVICE)] or lines
+    if not said:
+        return f"git exited with {result.returncode}"
+    line = said[0]
+    for level in GIT_LEVELS:
+        line = line.removeprefix(level)
+    return shown(line)
+
+
+def check_branch(branch: str) -> None:
+    """DataBranchError (exit 2) unless `branch` is a branch name by git's own rules
+    (`git check-ref-format --branch`, which also refuses a leading dash)."""
+    checked = git("check-ref-format", "--branch", branch)
+    if checked.returncode != 0 or checked.stdout.strip() != branch:  # @{-1} would name another branch
+        raise DataBranchError(f"--branch {branch}: not a valid branch name by git's rules "
+                              "(git check-ref-format --branch)")
 
 
 def push_reason(result: subprocess.CompletedProcess[str]) -> str:
     """Why git refused a push: its "! [rejected] ... (why)" line and what the remote said."""
     lines = [line.strip() for line in result.stderr.splitlines()]
     said = [line for line in lines if line.startswith("!")] + [line for line in lines if line.startswith("remote:")]
-    return shown("; ".join(said)) or last_line(result)
+    return shown("; ".join(said)) or first_line(result)
 
 
 def slug(text: str) -> str:
@@ -114,7 +139,7 @@ def branch_exists(repo: str, branch: str) -> bool:
     if found.returncode == 2:  # reached, no such branch
         return False
     if found.returncode != 0:
-        raise DataBranchError(f"repository {shown(repo)}: cannot be reached: {last_line(found)}")
+        raise DataBranchError(f"repository {shown(repo)}: cannot be reached: {first_line(found)}")
     return True
 
 
@@ -133,7 +158,7 @@ def checkout_tip(repo: str, branch: str, into: Path) -> bool:
 
 def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
     if result.returncode != 0:
-        raise DataBranchError(f"{what}: {last_line(result)}", code=1)
+        raise DataBranchError(f"{what}: {first_line(result)}", code=1)
 
 
 def run_time(run: dict[str, Any]) -> datetime:
@@ -181,6 +206,11 @@ def push(run_path: Path, repo: str, branch: str = DEFAULT_BRANCH, runner: str = 
          attempts: int = 5, backoff: float = 2.0, say: Callable[[str], None] = print) -> str:
     """Commit the run (and its thinned series) to `branch` of `repo` and push, redoing the
     commit on the new tip after a rejected push; the run's path on the branch."""
+    if attempts < 1:
+        raise DataBranchError(f"--attempts {attempts}: must be at least 1")
+    if not (math.isfinite(backoff) and backoff >= 0):  # time.sleep would refuse it after a rejected push
+        raise DataBranchError(f"--backoff {backoff}: must be a finite number of seconds, at least 0")
+    check_branch(branch)
     run = read_input(run_path)
     if series is not None and not series.is_dir():
         raise DataBranchError(f"--series {series}: not a folder")
@@ -231,8 +261,11 @@ def pull(repo: str, out: Path, branch: str = DEFAULT_BRANCH, gpu: str | None = N
     """Copy the branch's runs (of one GPU model where `gpu` names one, by name or slug)
     into `out`/runs/<gpu-slug>/, with their series under `out`/series/<stem>/; runs per
     GPU slug. A repository without the branch gives an empty folder and a note."""
+    check_branch(branch)
+    problem = directory_problem(out)
+    if problem:
+        raise DataBranchError(f"--out {out}: {problem}")
     url = resolve_repo(repo)
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mlp-loadbench-data-") as tmp:
         clone = Path(tmp)
         if not checkout_tip(url, branch, clone):
@@ -272,6 +305,10 @@ def build(repo: str, out: Path, branch: str = DEFAULT_BRANCH, extra: Sequence[Pa
     into `out` with an index.html that opens history.html: a GitHub Pages site."""
     for path in extra:
         read_input(path)
+    check_branch(branch)
+    problem = directory_problem(out, keep=False)  # made by the report, once there is one
+    if problem:
+        raise DataBranchError(f"--out {out}: {problem}")
     with tempfile.TemporaryDirectory(prefix="mlp-loadbench-history-") as tmp:
         pulled = Path(tmp)
         counts = pull(repo, pulled, branch, say=say)
@@ -292,16 +329,6 @@ def counts_table(counts: dict[str, int]) -> str:
     return tabulate(rows, headers=["GPU model (folder)", "runs"], tablefmt="github") if rows else "0 runs"
 
 
-def positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"Could not parse value: {value!r}.")
-    return number
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.databranch", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -313,9 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pushing.add_argument("--series", type=Path, metavar="DIR", help="where the run wrote its series (--series-dir)")
     pushing.add_argument("--runner", default="",
                          help="the runner's name in the file name. Default: $RUNNER_NAME or the host name")
-    pushing.add_argument("--attempts", type=positive, default=5, metavar="N",
+    pushing.add_argument("--attempts", type=at_least(1), default=5, metavar="N",
                          help="pushes to try before giving up. Default: 5")
-    pushing.add_argument("--backoff", type=float, default=2.0, metavar="S",
+    pushing.add_argument("--backoff", type=seconds_at_least(0), default=2.0, metavar="S",
                          help="seconds to wait after the n-th rejected push, times n. Default: 2.0")
     pulling = commands.add_parser("pull", parents=[common], help="copy the branch's runs into a folder")
     pulling.add_argument("--out", type=Path, required=True, metavar="DIR")
@@ -328,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     building.add_argument("--window", type=int, default=50, choices=(50, 100),
                           help="moving-average window. Default: 50")
     args = parser.parse_args(argv)
+    loadbench_env.check("mlp-loadbench history")
     try:
         if args.command == "push":
             push(args.run, args.repo, args.branch, args.runner, args.series, args.attempts, args.backoff)

@@ -27,6 +27,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from bench.gate.args import directory_problem
 from bench.gate.budgets import BudgetError
 from bench.gate.budgets import Budgets
 from bench.cases import TITLES
@@ -505,7 +506,8 @@ flagged it; history.html marks and lists every regression.
 Exit codes: 0 the report was written, regressions or not (the gate that fails a pull
 request is pytest's own run; read summary.md for the verdicts); 1 nothing to report (no
 run files, none with training cases, serving runs or searches, or no serving run of
---serving-commits); 2 a bad command line or budgets file (one line).
+--serving-commits); 2 a bad command line or budgets file, or an --out that is not a
+folder that can be written (one line).
 """
 
 
@@ -529,6 +531,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not paths and not args.search:
         print(f"mlp-loadbench report: {NO_RUNS} in {args.storage}: no run files there; {RUN_FIRST}", file=sys.stderr)
         return 1
+    problem = directory_problem(args.out, keep=False)  # made when the report is written
+    if problem:
+        print(f"mlp-loadbench report: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     try:
         written, warnings = build_report(paths, args.out, args.window, args.series_root, args.budgets, args.search,
                                          args.serving_commits)

@@ -51,6 +51,7 @@ from bench.gate.timing import time_samples
 from bench.gate.profiles import DEFAULT_BUDGETS
 from bench.gate.args import parse_seconds
 from bench.plugin.partial import SUFFIX as PARTIAL_SUFFIX
+from kernels import env as loadbench_env
 from model.files import write_atomic
 
 FORMULA = (
@@ -765,6 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, pytest_args = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: for pytest
+    loadbench_env.check("mlp-loadbench selftest")  # before any of the pytest sessions would refuse it each
     running = (("-k", args.expr), ("--runs", args.runs), ("--plant", args.plant), ("--mode", args.mode),
                ("--path", args.path), ("--gpus", args.gpus), ("--resume", args.resume),
                ("--stop-after", args.stop_after), ("pytest arguments", pytest_args))

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from kernels import env as loadbench_env
 from kernels.ops import linear_act  # noqa: F401  (registers the op's launch code, which the tuner times)
 from kernels.plan import launches
 from kernels.plan.tuning import DEFAULT_BATCHES
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sm-count", type=int, default=None,
                         help=f"for --dry-run (default: this GPU's, else {H100_SMS})")
     args = parser.parse_args(argv)
+    loadbench_env.check("bench.tools.tune")
     if args.merge:
         try:
             runs = [read_measured(path) for path in args.merge]

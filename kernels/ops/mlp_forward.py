@@ -46,7 +46,7 @@ def enabled_from_env(value: str | None) -> bool:
     return env.parse("LOADBENCH_FUSED_FORWARD", value) == "1"
 
 
-ENABLED = enabled_from_env(os.environ.get("LOADBENCH_FUSED_FORWARD"))
+ENABLED = env.read_at_import("LOADBENCH_FUSED_FORWARD") == "1"  # a bad value: refused by env.check
 
 # device index -> int32 [SLOTS, MAX_PROGRAMS], equal along a slot between launches
 _EPOCHS: dict[int, torch.Tensor] = {}

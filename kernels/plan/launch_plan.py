@@ -257,7 +257,7 @@ def strict_fp32_from_env(value: str | None) -> str:
     return env.parse("LOADBENCH_STRICT_FP32", value)
 
 
-STRICT_FP32 = strict_fp32_from_env(os.environ.get("LOADBENCH_STRICT_FP32"))
+STRICT_FP32 = env.read_at_import("LOADBENCH_STRICT_FP32")  # a bad value: refused by env.check
 
 
 def param_dtype(dtype: torch.dtype) -> torch.dtype:
