@@ -22,6 +22,7 @@ from bench.tools.ci import Outcome
 from bench.tools.ci import checked_gpu
 from bench.tools.ci import junit_failures
 from bench.tools.ci import parse_args
+from bench.tools.ci import read_verdicts
 from bench.tools.ci import summary_markdown
 from bench.tools.ci import wanted_settings
 from model.data import synthesize
@@ -204,3 +205,24 @@ def test_a_refused_push_fails_the_main_job_and_says_so(project: Path, tmp_path: 
     assert done.returncode == 2, done.stdout + done.stderr
     assert summary.startswith("## mlp-loadbench main: FAILED on no GPU")
     assert "**The run was not stored:** data branch push" in summary and "Stored" not in summary
+
+
+def test_each_kind_of_case_is_shown_in_its_unit_and_a_failed_case_is_listed_once(tmp_path: Path) -> None:
+    regressed = {"status": "regressed", "failures": [{"metric": "call_time_ratio", "value": 1.3, "limit": 1.1,
+                                                      "baseline": 1.0, "detail": "median call 13 us vs 10 us"}]}
+    run = {"machine_info": {"loadbench": {"gpu": {"name": "NVIDIA H200"}, "settings": {}}}, "benchmarks": [
+        {"name": "test_batch1_forward[optimal-fp32]", "extra_info": {"median_call_s": 1.3e-5, "verdict": regressed}},
+        {"name": "test_inference[optimal-fp32]", "extra_info": {"kind": "inference", "latency_p99_s": 4.2e-5,
+                                                                "accuracy": 0.8, "verdict": {"status": "ok"}}},
+        {"name": "test_hidden_units[units-128]", "extra_info": {"median_epoch_s": 0.0331, "accuracy": 0.72,
+                                                                "verdict": {"status": "not compared"}}},
+    ]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    cases = read_verdicts(path)
+    assert [c.figure for c in cases] == ["13.0 us/call", "p99 42.0 us", "0.0331 s/epoch"]
+    failed = [("test_batch1_forward[optimal-fp32]", "Failed: batch1-optimal-fp32: 1 budget(s) broken")]
+    text = summary_markdown(Outcome("pr", "NVIDIA H200", "NVIDIA H200", path, 3, cases, failed, 1))
+    assert text.count("**test_batch1_forward[optimal-fp32]**") == 1  # under what the gate failed, not again
+    assert "### What the gate failed" in text and "Tests that failed without a verdict" not in text
+    assert "3 case(s): 1 not compared, 1 ok, 1 regressed." in text

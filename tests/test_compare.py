@@ -465,3 +465,15 @@ def test_the_module_runs_as_a_command(stored, tmp_path, budgets) -> None:
     assert "customSmallerIsBetter" in subprocess.run([sys.executable, "-m", "bench.tools.compare", "--help"],
                                                      capture_output=True, text=True,
                                                      cwd=Path(__file__).parents[1]).stdout
+
+
+def test_a_run_cut_short_is_named_in_the_summary(stored, tmp_path, budgets, capsys) -> None:
+    new = write_run(tmp_path / "new.json", 5, dict(list(cases().items())[:2]))
+    data = json.loads(new.read_text())
+    data["machine_info"]["loadbench"]["run"] = {"state": "interrupted", "collected": 6, "stored": 2, "cut_short": []}
+    new.write_text(json.dumps(data))
+    code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
+    assert code == 0
+    assert "- NEW is not a whole run: the run was interrupted: it holds 2 finished case(s) of 6 collected" in out
+    whole = write_run(tmp_path / "whole.json", 6, cases())
+    assert "not a whole run" not in compare(capsys, stored / "0004_old.json", whole, "--budgets", budgets)[1]

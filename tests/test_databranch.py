@@ -374,3 +374,15 @@ def test_a_different_run_under_a_name_already_on_the_branch_is_refused_not_calle
 def test_the_module_runs_as_a_command() -> None:
     result = subprocess.run([sys.executable, "-m", "bench.tools.databranch", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "{push,pull,build}" in result.stdout
+
+
+def test_a_run_cut_short_is_marked_in_its_name_on_the_branch(tmp_path, bare, capsys) -> None:
+    run = write_run(tmp_path / "run.json", "NVIDIA H200", "abc123", "2026-11-29T04:00:00")
+    data = json.loads(run.read_text())
+    data["machine_info"]["loadbench"]["run"] = {"state": "interrupted", "collected": 3, "stored": 2,
+                                                "cut_short": ["bench/test_experiments.py::test_units[256]"]}
+    run.write_text(json.dumps(data))
+    assert push(run, bare, "lane") == 0
+    (name,) = [f for f in branch_files(bare) if f.startswith("runs/")]
+    assert name.endswith("_interrupted.json")
+    assert "note: the run was interrupted: it holds 2 finished case(s) of 3 collected" in capsys.readouterr().out

@@ -195,3 +195,21 @@ def test_every_argument_is_explained_and_the_exit_codes_are_given() -> None:
     assert "  0  merged and written" in text
     assert "  2  bad input" in text and "nothing written" in text
     assert "never one of the shards" in " ".join(text.split())  # however argparse wraps it
+
+
+def test_a_shard_cut_short_makes_the_merged_run_partial_and_says_so(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.gate.runs import read_run
+    from bench.gate.runs import run_state
+
+    whole, killed = shard_run(1), shard_run(2)
+    whole["machine_info"]["loadbench"]["run"] = {"state": "complete", "collected": 1, "stored": 1, "cut_short": []}
+    killed["machine_info"]["loadbench"]["run"] = {"state": "partial", "collected": 3, "stored": 1, "cut_short": []}
+    paths = write_shards(tmp_path, whole, killed)
+    assert merge_main([str(tmp_path / "merged.json"), *map(str, paths)]) == 0
+    state = run_state(read_run(tmp_path / "merged.json"))
+    assert (state.state, state.collected, state.stored, state.whole) == ("partial", 4, 2, False)
+    assert "a shard was cut short, so the run was cut short" in capsys.readouterr().err
+    paths = write_shards(tmp_path, shard_run(1), shard_run(2))  # runs made before the state was written
+    assert merge_main([str(tmp_path / "merged.json"), *map(str, paths)]) == 0
+    assert run_state(read_run(tmp_path / "merged.json")).whole

@@ -240,7 +240,7 @@ def test_a_case_the_baseline_does_not_hold_is_judged_by_budgets_only() -> None:
     strict = Budget(time_slower_pct=1, time_hard_ratio=1.1, accuracy_drop_max=0.01, macro_f1_drop_max=0.01)
     judged = judge(slow, strict, then=None, history=history, baseline="0004_main.json", gating=True,
                    profile="smoke", epochs=8)
-    assert judged.verdict.status == OK and judged.verdict.failures == ()
+    assert judged.verdict.status == NOT_COMPARED and judged.verdict.failures == ()
     assert judged.verdict.baseline is None and judged.verdict.reason == "no baseline: budgets only"
     assert judged.noise is None and judged.time_gate is None and judged.verdict.noise is None
     floored = judge(slow, Budget(accuracy_min=0.5), then=None, history=history, baseline="0004_main.json",

@@ -39,6 +39,7 @@ from bench.gate.runs import INTERRUPTED
 from bench.gate.runs import BaselineError
 from bench.gate.runs import RunState
 from bench.gate.runs import finished
+from bench.gate.runs import run_state
 from bench.gate.runs import load_history
 from bench.gate.compare import make_baseline
 from bench.gate.runs import read_run
@@ -299,6 +300,10 @@ class LoadBenchSession:
                                    "shown, not gated")
         if not baseline.gating:
             self.baseline_messages.append(baseline.reason)
+        ended = run_state(compared_benchmark)
+        if not ended.whole:
+            self.baseline_messages.append(f"baseline {name.name}: {ended.line()}; a case it lacks is judged against "
+                                          "the newest stored run that holds it")
         self.baselines.append(baseline)
 
     def check_baseline_files(self) -> None:

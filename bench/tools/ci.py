@@ -192,6 +192,8 @@ def read_verdicts(run_path: Path) -> list[CaseLine]:
         if info.get("kind") == "inference":
             p99 = info.get("latency_p99_s")
             figure = f"p99 {p99 * 1e6:.1f} us" if p99 else "n/a"
+        elif info.get("median_call_s"):  # a kernel cell, a batch-1 forward: microseconds a call
+            figure = f"{info['median_call_s'] * 1e6:.1f} us/call"
         else:
             median = info.get("median_epoch_s")
             figure = f"{median:.4f} s/epoch" if median else "n/a"

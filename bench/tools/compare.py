@@ -52,6 +52,7 @@ from bench.gate.runs import setting
 from bench.gate.runs import unreadable_reason
 from bench.gate.timing import latency_rounds
 from bench.gate.timing import time_samples
+from bench.gate.runs import run_state
 from bench.gate.verdict import NOT_GATED
 from bench.gate.verdict import REGRESSED
 from bench.gate.verdict import Verdict
@@ -348,7 +349,8 @@ def verdict_cell(item: Judged, run_reason: str) -> str:
 def notes_of(old: RunFile, new: RunFile, judged: list[Judged], budgets: Budgets, budgets_too: bool) -> list[str]:
     """What the reader should know beside the verdicts: unknown noise, cases on one side
     only, and which budgets were left out."""
-    notes = []
+    notes = [f"{side.role} is not a whole run: {run_state(side.data).line()}" for side in (old, new)
+             if not run_state(side.data).whole]
     gated = not gating_reason(old, new)
     unknown = [item for item in judged if gated and item.verdict.noise is not None and not item.verdict.noise["known"]]
     if unknown:

@@ -36,6 +36,7 @@ from tabulate import tabulate
 from bench.gate.args import at_least
 from bench.gate.args import directory_problem
 from bench.gate.args import seconds_at_least
+from bench.gate.runs import run_state
 from bench.gate.runs import BaselineError
 from bench.gate.runs import gpu_name
 from bench.gate.runs import read_run
@@ -216,6 +217,10 @@ def push(run_path: Path, repo: str, branch: str = DEFAULT_BRANCH, runner: str = 
         raise DataBranchError(f"--series {series}: not a folder")
     gpu = gpu_name(run["machine_info"])
     stem = run_stem(run, runner or default_runner())
+    state = run_state(run)
+    if not state.whole:  # marked in its name too, so a listing of the branch shows it
+        stem += f"_{state.state}"
+        say(f"note: {state.line()}; stored as {stem}")
     name = f"runs/{slug(gpu)}/{stem}.json"
     files = {name: run_path.read_bytes()}
     if series is not None:

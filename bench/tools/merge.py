@@ -20,9 +20,13 @@ from typing import Any
 
 from bench.cases import study_order
 from bench.gate.record import RECORD_KEY
+from bench.gate.record import RUN_KEY
+from bench.gate.runs import RUN_STATES
 from bench.gate.runs import BaselineError
+from bench.gate.runs import RunState
 from bench.gate.runs import gpu_name
 from bench.gate.runs import read_run
+from bench.gate.runs import run_state
 from model.files import write_atomic
 
 
@@ -151,8 +155,19 @@ def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
             merged["benchmarks"].append(bench)
     merged["datetime"] = max(run.get("datetime", "") for _, run in runs)
     merged["machine_info"][RECORD_KEY]["settings"]["shard"] = f"merged from {len(runs)}"
+    merged["machine_info"][RECORD_KEY][RUN_KEY] = merged_state([run for _, run in runs]).as_dict()
     merged["benchmarks"].sort(key=benchmark_order)
     return merged
+
+
+def merged_state(runs: Sequence[dict[str, Any]]) -> RunState:
+    """How the merged run ended: as its least finished shard (a partial shard makes a
+    partial run), with the shards' counts added."""
+    states = [run_state(run) for run in runs]
+    worst = max(states, key=lambda state: RUN_STATES.index(state.state))
+    collected = [s.collected for s in states]
+    return RunState(worst.state, sum(collected) if None not in collected else None,  # type: ignore[arg-type]
+                    sum(len(run["benchmarks"]) for run in runs), tuple(t for s in states for t in s.cut_short))
 
 
 def benchmark_order(bench: dict[str, Any]) -> tuple[object, ...]:
@@ -190,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mlp-loadbench merge: {args.out}: cannot be written: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"merged {len(args.shards)} shards, {len(merged['benchmarks'])} benchmarks -> {args.out}")
+    state = run_state(merged)
+    if not state.whole:  # kept, and marked: the merged run is never read as a whole one
+        print(f"mlp-loadbench merge: note: a shard was cut short, so {state.line()}", file=sys.stderr)
     return 0
 
 
