@@ -202,6 +202,8 @@ class Options:
         )
         if self.impl == Impl.TRITON and self.precision == Precision.FP32:
             line += f", strict fp32 kernel {self.strict_fp32}"
+        if self.device.type == "cpu":  # torch's intra-op threads: on a busy 2-core machine one thread is steadier
+            line += f", {torch.get_num_threads()} torch thread(s) (OMP_NUM_THREADS sets them)"
         if self.time_note is not None:
             line += f"\nmlp-loadbench: {self.time_note}"
         if self.plant is not None:
