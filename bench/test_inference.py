@@ -162,4 +162,5 @@ def judge(session: Any, benchmark: Any, case: Case, variant: str, record: dict[s
     this test's failure, and the record (with its verdict) is already in extra_info."""
     options = session.options
     budget = session.budgets.resolve_inference(options.profile.name, variant, case.id, options.dataset)
-    fail_on(judge_in_test(session, benchmark, record, budget), f"{case.id} {variant} {record['impl']}")
+    judged, _ = judge_in_test(session, benchmark, record, budget)
+    fail_on(judged, f"{case.id} {variant} {record['impl']}")

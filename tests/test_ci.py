@@ -143,7 +143,7 @@ def test_a_test_that_failed_without_a_verdict_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("given", ["--tier=nightly", "--benchmark-json=x.json", "--benchmark-compare", "--junitxml=j",
-                                   "--benchmark-storage=/tmp/s", "--benchmark-autosave", "--series-dir=s"])
+                                   "--benchmark-storage=runs", "--benchmark-autosave", "--series-dir=s"])
 def test_options_ci_controls_are_refused_after_the_separator(given: str, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args(["pr", "--out", str(tmp_path / "out"), "--", "-k", "units", given])

@@ -86,8 +86,6 @@ def judge(
                 if time_note is None:
                     baseline_failures = check_latency(budget, record, then, history=stored)  # type: ignore[arg-type]
                 baseline_failures += check_drop_growth(budget, record, then)  # type: ignore[arg-type]
-            if time_note:
-                reason = f"{reason}; {time_note}" if reason else time_note
         else:
             noise = estimate_noise(stored, record, samples=timed.rounds)
             timed_budget = budget if time_note is None else replace(budget, time_slower_pct=None, time_hard_ratio=None)
@@ -101,8 +99,8 @@ def judge(
             if gating:
                 found = check_against(timed_budget, record, then, history=stored, timed=timed)  # type: ignore[arg-type]
                 baseline_failures = [explain(f, record, then) for f in found]
-            if time_note:
-                reason = f"{reason}; {time_note}" if reason else time_note
+        if time_note:
+            reason = f"{reason}; {time_note}" if reason else time_note
     verdict = decide(budget_failures, baseline_failures, baseline=baseline if then is not None else None,
                      gating=gating, reason=reason, noise=noise, floors_skipped=floors_skipped)
     return Judgement(verdict, noise, floors_skipped, time_gate)

@@ -236,9 +236,7 @@ class LoadBench:
         session = self.session
         options = session.options
         budget = session.budgets.resolve(options.profile.name, case.experiment, case.id, options.dataset)
-        found = session.baseline_for(self.benchmark.fullname)
-        then = found[1].get("extra_info", {}) if found is not None else None
-        judged = judge_in_test(session, self.benchmark, record, budget)
+        judged, then = judge_in_test(session, self.benchmark, record, budget)
         session.records.append({
             "case": case, "record": record, "failures": list(judged.verdict.failures), "noise": judged.noise,
             "deltas": deltas(record, then) if then is not None else None, "floors_skipped": judged.floors_skipped,

@@ -354,9 +354,12 @@ class LoadBenchSession:
                 items[:] = [item for item in items if item.get_closest_marker("nightly") is None]
                 config.hook.pytest_deselected(items=nightly)
         shard = config.getoption("shard")
-        if shard is None:
-            self.collected = len(items)
-            return
+        if shard is not None:
+            self._keep_shard(config, items, shard)
+        self.collected = len(items)
+
+    def _keep_shard(self, config: pytest.Config, items: list[pytest.Item], shard: tuple[int, int]) -> None:
+        """Keep the shard's items (bench/gate/shards.py deals them); name a shard left empty."""
         index, count = shard
         units = {item.nodeid: unit_of(item.nodeid, item.callspec.params if hasattr(item, "callspec") else {})
                  for item in items}
@@ -365,7 +368,6 @@ class LoadBenchSession:
         if items and not keep:  # pytest would only say "no tests ran" (exit 5)
             self.empty_shard = f"{index}/{count} of the {len(items)} selected case(s)"
         items[:] = [item for item in items if item.nodeid in keep]
-        self.collected = len(items)
         if deselected:
             config.hook.pytest_deselected(items=deselected)
 

@@ -29,10 +29,10 @@ from bench.gate.timing import Timed
 def judge_in_test(
     session: Any, benchmark: Any, record: dict[str, Any], budget: Budget | InferenceBudget, *,
     timed: Timed = EPOCH_TIME, budgets_too: bool = True, ceilings: Sequence[Failure] = (),
-) -> Judgement:
+) -> tuple[Judgement, dict[str, Any] | None]:
     """The verdict on `record` (already in `benchmark.extra_info`) against the newest stored
-    record of this test (`session.baseline_for`) and `budget`; written into the record and
-    extra_info with how its time was judged."""
+    record of this test (`session.baseline_for`) and `budget`, written into the record and
+    extra_info with how its time was judged; and that stored record (None: none)."""
     options = session.options
     found = session.baseline_for(benchmark.fullname)
     baseline, then = (found[0], found[1].get("extra_info", {})) if found is not None else (None, None)
@@ -51,7 +51,7 @@ def judge_in_test(
         benchmark.extra_info["time_gate"] = judged.time_gate
     record["verdict"] = judged.verdict.as_dict()
     benchmark.extra_info["verdict"] = record["verdict"]
-    return judged
+    return judged, then
 
 
 def fail_on(judged: Judgement, label: str) -> None:
@@ -73,7 +73,7 @@ def judge_calls(session: Any, benchmark: Any, experiment: str, case_id: str, *,
     record = {CALL_SECONDS: calls, "median_call_s": statistics.median(calls) if calls else None}
     benchmark.extra_info.update(record)
     budget = session.budgets.resolve(options.profile.name, experiment, case_id, options.dataset)
-    judged = judge_in_test(session, benchmark, record, budget, timed=CALL_TIME, budgets_too=False,
-                           ceilings=ceilings)
+    judged, _ = judge_in_test(session, benchmark, record, budget, timed=CALL_TIME, budgets_too=False,
+                              ceilings=ceilings)
     fail_on(judged, case_id)
     return judged

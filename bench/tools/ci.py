@@ -342,7 +342,7 @@ def run_job(args: argparse.Namespace) -> int:
         pairing = None
         if run_file is not None and exit_code == 1:
             main_commit = commit_of(baseline) if baseline is not None else None
-            pairing = confirm(run_file, main_commit, repo=Path.cwd(), bench=args.bench, tier=tier,
+            pairing = confirm(run_file, main_commit, repo=Path.cwd(), tier=tier,
                               pytest_args=pytest_args, pairs=args.pairs, out=out)
             exit_code = exit_after_pairing(exit_code, failed_tests, pairing)
             if exit_code == 0:
@@ -382,19 +382,17 @@ def checked_gpu(asked: str | None, gpu: str, stored: Sequence[Path]) -> str:
     history holds runs of it (shown, not gated, when it is not this machine's model)."""
     if asked is None or asked == gpu:
         return gpu
-    held = sorted({gpu_name(read_run(p)["machine_info"]) for p in stored if readable(p)})
+    held = set()
+    for path in stored:
+        try:
+            held.add(gpu_name(read_run(path)["machine_info"]))
+        except BaselineError:
+            continue  # not ours, or broken: the report names such files
+    held = sorted(held)
     if asked not in held:
         raise CiError(f"--gpu {asked!r}: this machine measures on {gpu!r}, and no stored run of main was measured on "
                       f"{asked!r} (the history holds: {', '.join(held) or 'no runs'})")
     return asked
-
-
-def readable(path: Path) -> bool:
-    try:
-        read_run(path)
-    except BaselineError:
-        return False
-    return True
 
 
 def commit_of(run_path: Path) -> str | None:

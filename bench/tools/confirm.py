@@ -30,7 +30,6 @@ from bench.gate.runs import read_run
 from bench.gate.timing import CALL_TIME
 from bench.gate.timing import EPOCH_TIME
 from bench.gate.timing import LATENCY
-from bench.gate.timing import Timed
 from bench.gate.verdict import Verdict
 from bench.gate.verdict import after_pairing
 from model.files import write_atomic
@@ -71,16 +70,13 @@ def without_plant(args: Sequence[str]) -> list[str]:
     return out
 
 
-def figure(run_path: Path, test: str, timed: Timed) -> float | None:
-    """The judged figure (median epoch, call or p99) of one test in a run file, or None."""
+def records(run_path: Path) -> dict[str, dict[str, Any]]:
+    """Test id -> extra_info of a paired run's file; empty where it wrote none or a broken one."""
     try:
         run = read_run(run_path)
     except BaselineError:
-        return None
-    for bench in run["benchmarks"]:
-        if bench.get("fullname") == test:
-            return timed.figure(bench.get("extra_info") or {})
-    return None
+        return {}
+    return {str(bench.get("fullname")): bench.get("extra_info") or {} for bench in run["benchmarks"]}
 
 
 def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,7 +92,7 @@ def has_commit(repo: Path, commit: str) -> bool:
 
 
 def confirm(
-    run_file: Path, main_commit: str | None, *, repo: Path, bench: Sequence[str], tier: str,
+    run_file: Path, main_commit: str | None, *, repo: Path, tier: str,
     pytest_args: Sequence[str], pairs: int, out: Path, say: Callable[[str], None] = print,
 ) -> Confirmation:
     """Pair the time regressions of `run_file` and rewrite their verdicts there."""
@@ -144,9 +140,10 @@ def confirm(
                     failed_sides.add(side)
                     tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
                     say(f"mlp-loadbench ci: paired run {side} wrote no run file: {tail[0]}")
+                measured = records(path)
                 for test in tests:
                     timed = TIMED[next(f["metric"] for f in found[test]["failures"] if f["metric"] in TIMED)]
-                    figures[test][side].append(figure(path, test, timed) if path.is_file() else None)
+                    figures[test][side].append(timed.figure(measured[test]) if test in measured else None)
         for test, verdict in found.items():
             ratios = pair_ratios(figures[test]["main"], figures[test]["change"])
             if not ratios:
