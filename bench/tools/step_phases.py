@@ -19,11 +19,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from datetime import timezone
+from pathlib import Path
 
 from tabulate import tabulate
+
+from bench.gate.args import file_problem
+from model.files import write_atomic
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,17 @@ def phases(times: Sequence[Sequence[int]], layers: int) -> list[Phase]:
             left = [row[2 + 2 * b] for row in times]
         out.append(Phase(name, round(work, 2), None if wait is None else round(wait, 2)))
     return out
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, '+dirty' when the tree has changes; None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
 
 
 def parse_tiles(text: str) -> tuple[int, int]:
@@ -111,7 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="any field of kernels/ops/mlp_step.py's Blocks for this run, after the options "
                              "above (repeatable), e.g. k=64, head_k=128, stages=2, copies=0")
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the result (card, versions, blocks, per-step time, phases) as JSON")
     args = parser.parse_args(argv)
+    if args.json is not None and (problem := file_problem(args.json)):
+        parser.error(f"--json {args.json}: {problem}")
     from kernels import env
 
     env.check(parser.prog)  # before kernels/ops, which keeps LOADBENCH_FUSED_STEP from its import on
@@ -186,6 +209,18 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(a CUDA graph of {args.steps} steps, best of five replays)")
     print(tabulate([(p.name, p.work_us, "" if p.barrier_us is None else p.barrier_us) for p in table],
                    headers=["phase", "work us (slowest program)", "barrier us"]))
+    if args.json is not None:
+        import triton
+
+        result = {
+            "tool": "bench.tools.step_phases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "card": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": git_commit(), "config": {"depth": args.depth, "width": args.width, "batch": args.batch,
+                                               "precision": args.precision, "steps": args.steps},
+            "grid": step.grid, "blocks": dataclasses.asdict(step.blocks), "per_step_us": round(per_step_us, 2),
+            "phases": [dataclasses.asdict(p) for p in table],
+        }
+        write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     return 0
 
 
