@@ -122,3 +122,14 @@ def test_no_reading_while_paused_and_the_gap_is_recorded() -> None:
     monitor.stop()
     assert monitor.paused_seconds >= 0.05
     assert summarize_monitor(monitor, 1)["paused_s"] == monitor.paused_seconds
+
+
+def test_the_energy_per_epoch_leaves_the_warm_up_epoch_out_once_marked() -> None:
+    monitor = _monitor_with([{"t": 0.0, "power_w": 100.0}])
+    monitor.energy_start_mj, monitor.energy_stop_mj = 0.0, 50_000.0  # 50 J over 5 epochs
+    assert summarize_monitor(monitor, epochs=5)["energy_per_epoch_j"] == pytest.approx(10.0)
+    assert summarize_monitor(monitor, epochs=5)["energy_epochs"] == "all"
+    monitor.energy_mark_mj = 30_000.0  # the warm-up epoch (compilation on an idling card) took 30 J
+    marked = summarize_monitor(monitor, epochs=5)
+    assert marked["energy_j"] == pytest.approx(50.0) and marked["energy_epochs"] == "after the first"
+    assert marked["energy_per_epoch_j"] == pytest.approx(5.0)  # 20 J over the 4 epochs after it

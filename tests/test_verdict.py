@@ -257,3 +257,13 @@ def test_a_verdicts_summary_line_names_the_broken_rules_not_only_its_reason() ->
     assert both.line() == f"regressed: {SLOW.message}; {FLOOR.message}"
     assert "epoch_time_ratio = 1.4 breaks its limit 1.1" in both.line() and "accuracy = 0.5" in both.line()
     assert Verdict.from_dict(both.as_dict()).line() == both.line()  # as a stored run's reader prints it
+
+
+def test_an_energy_counted_after_the_warm_up_is_judged_with_cold_caches_and_only_against_its_kind() -> None:
+    steady = {"energy_epochs": "after the first", "kernel_caches": "empty"}
+    now = {"energy_per_epoch_j": 22.0, **steady}
+    then = {"energy_per_epoch_j": 12.0, **steady}
+    budget = Budget(energy_growth_pct=15)
+    assert [f.metric for f in check_growth(budget, now, then)] == ["energy_per_epoch_j"]  # caches do not matter
+    assert check_growth(budget, now, {**then, "energy_epochs": "all", "kernel_caches": "warm"}) == []
+    assert check_growth(budget, {**now, "energy_per_epoch_j": 13.0}, then) == []

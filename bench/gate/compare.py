@@ -69,8 +69,16 @@ def check_drops(budget: Budget, current: dict[str, Any], baseline: dict[str, Any
 
 
 # Figures that hold the first epoch's compilation and tuning: the allocator peak (tuning's
-# candidates) and the energy per epoch (the whole timed window over its epochs).
+# candidates) and, in records that count every epoch's energy, the energy per epoch.
 FIRST_EPOCH_METRICS = ("vram_peak_mib", "energy_per_epoch_j")
+STEADY = "after the first"  # a record's "energy_epochs" when its energy leaves the warm-up epoch out
+
+
+def holds_first_epoch(metric: str, record: dict[str, Any]) -> bool:
+    """Whether `record`'s `metric` holds the first epoch's compilation and tuning."""
+    if metric == "energy_per_epoch_j":
+        return record.get("energy_epochs") != STEADY
+    return metric in FIRST_EPOCH_METRICS
 
 
 def warm_caches(current: dict[str, Any], baseline: dict[str, Any]) -> bool:
@@ -101,21 +109,27 @@ def check_growth(
 ) -> list[Failure]:
     """Allocator peak, RSS and energy per epoch against the baseline's, each by the larger of
     its budget and its noise (`growth_limit` over `history`, the baseline's record when
-    empty). FIRST_EPOCH_METRICS are judged only between records made with warm kernel
-    caches: compilation and tuning in the first epoch move them far more than any change
-    of the steady epochs does (docs/gate.md, "Cold caches")."""
+    empty). Figures that hold the first epoch (`holds_first_epoch`) are judged only between
+    records made with warm kernel caches: compilation and tuning in the first epoch move
+    them far more than any change of the steady epochs does (docs/gate.md, "Cold caches").
+    An energy per epoch is compared only with one counted over the same epochs."""
     out = []
     for metric, pct in (
         ("vram_peak_mib", budget.memory_growth_pct),
         ("rss_peak_mib", budget.memory_growth_pct),
         ("energy_per_epoch_j", budget.energy_growth_pct),
     ):
-        if metric in FIRST_EPOCH_METRICS and not warm_caches(current, baseline):
+        records = history or [baseline]
+        if metric == "energy_per_epoch_j":
+            if current.get("energy_epochs") != baseline.get("energy_epochs"):
+                continue  # one counts the warm-up epoch, the other does not: not the same figure
+            records = [r for r in records if r.get("energy_epochs") == baseline.get("energy_epochs")] or [baseline]
+        if holds_first_epoch(metric, current) and not warm_caches(current, baseline):
             continue
         now, then = current.get(metric), baseline.get(metric)
         if pct is None or now is None or not then:
             continue
-        allowed, why = growth_limit(pct, metric, history or [baseline])
+        allowed, why = growth_limit(pct, metric, records)
         limit = then * (1 + allowed / 100)
         if now > limit:
             out.append(Failure(metric, now, limit, then, f"grew {100 * (now / then - 1):.1f}% ({why})"))

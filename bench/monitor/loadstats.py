@@ -116,8 +116,9 @@ def summarize_monitor(
     """`summarize` of everything a stopped monitor saw, or of the samples inside
     `window` (time.perf_counter() values, a clock every process on the host shares):
     how another process's training is told apart from its start-up. The NVML energy
-    counter is read only at start and stop, so a window's energy is its mean power
-    times its length."""
+    counter is read at start, stop and `mark_warm`, so a window's energy is its mean
+    power times its length; with a mark, the energy per epoch leaves the first epoch out
+    ("energy_epochs")."""
     samples, elapsed, energy_j = list(monitor.samples), monitor.elapsed, monitor.energy_j
     busy_seconds = monitor.busy_seconds
     if window is not None:
@@ -137,6 +138,10 @@ def summarize_monitor(
         period=monitor.period,
         unavailable=monitor.unavailable,
     )
+    steady = monitor.steady_energy_j if window is None else None
+    if steady is not None and epochs > 1:  # the epochs after the warm-up alone (LoadMonitor.mark_warm)
+        record["energy_per_epoch_j"] = steady / (epochs - 1)
+    record["energy_epochs"] = "after the first" if steady is not None and epochs > 1 else "all"
     # Where the summarized window lies in the monitor's span (seconds from its start); None: all of it.
     record["window"] = None if window is None else [window[0] - monitor.started, window[1] - monitor.started]
     record["paused_s"] = monitor.paused_seconds  # no readings there (LoadMonitor.paused)

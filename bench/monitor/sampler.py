@@ -235,6 +235,7 @@ class LoadMonitor:
         self.busy_seconds = 0.0  # thread CPU time spent taking samples
         self.energy_start_mj: float | None = None
         self.energy_stop_mj: float | None = None
+        self.energy_mark_mj: float | None = None  # the counter when the warm-up epoch ended (`mark_warm`)
         self.started = self.stopped = 0.0
         self.paused_seconds = 0.0  # time `paused` held the sampler off
         self._stop = threading.Event()
@@ -258,6 +259,7 @@ class LoadMonitor:
         self._stop.clear()
         self.samples.clear()
         self.busy_seconds = 0.0
+        self.energy_mark_mj = None
         self.process.read()  # the first read primes the CPU counters and counts 0%
         psutil.cpu_percent(None)
         if self.gpu is not None:
@@ -306,11 +308,24 @@ class LoadMonitor:
     def elapsed(self) -> float:
         return self.stopped - self.started
 
+    def mark_warm(self) -> None:
+        """The warm-up epoch is over: `steady_energy_j` counts from here. The first epoch
+        compiles and tunes for as long as the kernel caches make it, on an idling card."""
+        if self.gpu is not None and self._thread is not None:
+            self.energy_mark_mj = self.gpu.energy_mj()
+
     @property
     def energy_j(self) -> float | None:
         if self.energy_start_mj is None or self.energy_stop_mj is None:
             return None
         return (self.energy_stop_mj - self.energy_start_mj) / 1000
+
+    @property
+    def steady_energy_j(self) -> float | None:
+        """Energy from `mark_warm` to the stop; None without a mark or a counter."""
+        if self.energy_mark_mj is None or self.energy_stop_mj is None:
+            return None
+        return (self.energy_stop_mj - self.energy_mark_mj) / 1000
 
     def __enter__(self) -> LoadMonitor:
         self.start()

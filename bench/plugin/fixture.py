@@ -136,6 +136,7 @@ class LoadBench:
         same samples; rounds `--benchmark-cprofile` adds after them change neither the result
         nor the load window (the monitor stops with the last timed round)."""
         first = trainer.run_epoch(progress)
+        monitor.mark_warm()
         done: dict[str, Any] = {}
 
         def after_round(*_: object) -> None:
@@ -224,6 +225,7 @@ class LoadBench:
             "rss_peak_mib": rss["max"] if rss else None,
             "energy_j": load["energy_j"],
             "energy_per_epoch_j": load["energy_per_epoch_j"],
+            "energy_epochs": load["energy_epochs"],  # "after the first", or "all" (records before the mark)
             "throttled": bool(throttle and throttle["throttled"]),  # type: ignore[index]
             "load": load,
             "series_path": str(series) if series else None,  # None: the run is not stored
