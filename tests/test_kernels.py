@@ -13,10 +13,11 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import LaunchConfig
 from kernels.plan.launches import launch_config
 from kernels.ops.linear_act import linear_act
+from model.axes import ACTIVATIONS
 from model.mlp import MLP
 
 CUDA = torch.cuda.is_available()
@@ -76,14 +77,14 @@ def check_against_float64(m, k, n, activation, dtype, factor=1.5, floor=None, fl
         assert ours_err <= factor * torch_err + floor * scale, (name, ours_err, torch_err)
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 @pytest.mark.parametrize("shape", [(64, 75, 128), (37, 75, 10), (128, 96, 64)], ids=["first-layer", "head", "hidden"])
 def test_forward_and_gradients_match_torch_fp32(activation, shape) -> None:
     torch.set_float32_matmul_precision("highest")
     check_against_float64(*shape, activation, torch.float32)
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 def test_forward_and_gradients_match_torch_fp16(activation) -> None:
     check_against_float64(48, 75, 40, activation, torch.float16)
 
@@ -93,7 +94,7 @@ def test_forward_and_gradients_match_torch_fp16(activation) -> None:
     m=st.integers(1, 130),
     k=st.sampled_from([1, 10, 17, 75, 64, 100]),
     n=st.sampled_from([1, 10, 33, 64, 96]),
-    activation=st.sampled_from(sorted(ACTIVATIONS)),
+    activation=st.sampled_from(sorted(ACTIVATION_CODES)),
 )
 @example(m=119, k=1, n=1, activation="identity")  # dW is a 119-term sum that cancels to 0.08 of its terms' size
 def test_any_shape_is_masked_correctly(m, k, n, activation) -> None:
@@ -184,7 +185,7 @@ def test_opcheck() -> None:
     x, w, b, _ = inputs(64, 75, 128, torch.float32)
     for t in (x, w, b):
         t.requires_grad_()
-    torch.library.opcheck(torch.ops.loadbench.linear_act_fwd.default, (x, w, b, ACTIVATIONS["silu"]))
+    torch.library.opcheck(torch.ops.loadbench.linear_act_fwd.default, (x, w, b, ACTIVATION_CODES["silu"]))
 
 
 @gpu
@@ -255,7 +256,12 @@ def test_the_key_names_what_changes_the_measured_kernel(monkeypatch) -> None:
         torch.set_float32_matmul_precision("highest")
     assert len(set(keys.values())) == 3 and all(f":{mode}:" in key for mode, key in keys.items())
     assert {plan.activation_class(a) for a in ("relu", "leaky_relu", "tanh", "sigmoid")} == {"pointwise"}
-    assert plan.activation_class("silu") == "silu" and plan.activation_class(ACTIVATIONS["identity"]) == "identity"
+    assert plan.activation_class("silu") == "silu" and plan.activation_class(ACTIVATION_CODES["identity"]) == "identity"
+
+
+def test_the_kernels_code_every_activation_a_model_may_name() -> None:
+    assert list(ACTIVATION_CODES) == ["identity", *ACTIVATIONS]
+    assert sorted(ACTIVATION_CODES.values()) == list(range(len(ACTIVATION_CODES)))
 
 
 def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
@@ -428,7 +434,7 @@ def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, activatio
 CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 def test_cublas_route_matches_torch(launches, activation) -> None:
     """torch.mm plus our epilogue (bias + activation) and prologue (dZ, db) kernels."""
     torch.set_float32_matmul_precision("highest")
@@ -444,7 +450,7 @@ def test_cublas_route_matches_torch(launches, activation) -> None:
 GEMV = LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 @pytest.mark.parametrize("m", [1, 3], ids=["batch-1", "batch-3"])
 def test_gemv_route_matches_torch(launches, activation, m) -> None:
     """The few-row forward (serving batches): products on the FMA units, a strip of

@@ -415,7 +415,7 @@ def test_the_cell_list_measures_each_cell_once_losing_cells_first() -> None:
     from bench.tools import bench_cells
 
     cells = bench_cells.cell_list(bench_cells.BATCHES, bench_cells.WIDTHS, bench_cells.PRECISIONS,
-                                  bench_cells.ACTIVATIONS)
+                                  bench_cells.ACTIVATION_CODES)
     assert len(cells) == len(set(cells)) == 2 * (4 * 5 + 4)
     assert cells[:3] == bench_cells.PRIORITY[:3]
 
@@ -620,7 +620,7 @@ def _grads(fn, x, w, b, autocast=False):
 @pytest.mark.interpreter
 @pytest.mark.parametrize(("activation", "autocast"), [("silu", False), ("tanh", True)])
 def test_the_eager_path_skips_the_op_and_gives_the_same_bits(activation, autocast) -> None:
-    code = launch_plan.ACTIVATIONS[activation]
+    code = launch_plan.ACTIVATION_CODES[activation]
     x, w, b = layer()
     y, eager = _grads(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, autocast)
     # Under autocast the eager path hands the kernels a 16-bit X and the fp32 W and b; the
@@ -741,8 +741,8 @@ def test_the_op_path_keeps_the_tuned_winner(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(op, "_launch_traceable",
                         lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
     x, w, b = layer()
-    y, _ = torch.ops.loadbench.linear_act_fwd(x, w, b, launch_plan.ACTIVATIONS["leaky_relu"])
-    torch.ops.loadbench.linear_act_bwd(torch.ones_like(y), y, x, w, launch_plan.ACTIVATIONS["leaky_relu"], True)
+    y, _ = torch.ops.loadbench.linear_act_fwd(x, w, b, launch_plan.ACTIVATION_CODES["leaky_relu"])
+    torch.ops.loadbench.linear_act_bwd(torch.ones_like(y), y, x, w, launch_plan.ACTIVATION_CODES["leaky_relu"], True)
     assert names == ["_bias_act_kernel", "_act_grad_kernel"]
 
 

@@ -33,7 +33,7 @@ import triton
 
 from kernels import env
 from kernels.plan import tuning_cache
-from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import CUBLAS
 from kernels.plan.launch_plan import GEMV
 from kernels.plan.launch_plan import KEY_FORMAT
@@ -622,7 +622,7 @@ def time_launch(
     default = QUICK_TIMING if quick else FULL_TIMING
     calls, replays = calls or default[0], replays or default[1]
     timer = timer or (lambda fn: replay_ms(fn, calls, replays))
-    act = ACTIVATIONS[activation]
+    act = ACTIVATION_CODES[activation]
     forward, backward, launch = op_code()
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with on_device, torch.no_grad(), torch.autocast(device.type, enabled=False), forcing(kernel, m, n, k, dtype, cfg):
@@ -662,7 +662,7 @@ def precompile(
     from kernels.runtime.compile_pool import CompileExecutor
     from kernels.runtime.compile_pool import processes_for
 
-    act = ACTIVATIONS[activation]
+    act = ACTIVATION_CODES[activation]
     forward, backward, _ = op_code()
     prec, cls = precision_for(dtype), CLASS_OF[act]
     workers = max(1, min(threads or COMPILE_THREADS, os.cpu_count() or 1, len(cfgs)))

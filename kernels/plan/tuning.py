@@ -123,7 +123,7 @@ def compile_keys(shape: KernelShape, cfg: LaunchConfig) -> set[tuple]:
     m, n, k = shape.mnk
     meta = torch.device("meta")
     forward, backward, _ = launches.op_code()
-    act = launch_plan.ACTIVATIONS[launch_plan.TIMED_ACTIVATION[shape.act_class]]
+    act = launch_plan.ACTIVATION_CODES[launch_plan.TIMED_ACTIVATION[shape.act_class]]
     with launches.forcing(shape.kernel, m, n, k, shape.dtype, cfg):
         x = torch.empty((m, k), device=meta, dtype=shape.dtype)
         w, b = (torch.empty(s, device=meta, dtype=launch_plan.param_dtype(shape.dtype)) for s in ((n, k), (n,)))
