@@ -22,6 +22,7 @@ import pytest
 from bench.cases import Case
 from bench.cases import EXPERIMENTS
 from bench.cases import experiment_cases
+from bench.gate.record import INFERENCE_KIND
 from bench.gate.record import SERVING_FIELDS
 from bench.gate.record import names
 from bench.plugin.verdicts import fail_on
@@ -140,7 +141,7 @@ def test_serving(benchmark, request, case: str, variant: str, impl: str) -> None
     load = summarize_monitor(monitor, 1)
     primary = result["latency_graph_s"] or result["latency_eager_s"]
     record = {
-        "kind": "inference",
+        "kind": INFERENCE_KIND,
         "case": case.id,
         "experiment": case.experiment,
         "variant": variant,
