@@ -20,8 +20,8 @@ from bench.gate.budgets import Budgets
 from bench.gate.budgets import InferenceBudget
 from bench.gate.budgets import check_inference
 from bench.gate.timing import check_latency
-from bench.test_inference import RECORD_KEYS
-from bench.test_inference import skip_reason
+from bench.plugin.serving import RECORD_KEYS
+from bench.plugin.serving import skip_reason
 from model import inference
 from model.compress import Compression
 from model.compress import Unsupported
