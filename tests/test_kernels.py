@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from kernels.plan.trials import FORCED
 from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import LaunchConfig
 from kernels.plan.launches import launch_config
@@ -213,7 +214,6 @@ def test_cuda_graph_capture_and_replay() -> None:
 
 @pytest.mark.parametrize("kernel", ["fwd", "dw", "dx"])
 def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
-    from kernels.plan import launches
     from kernels.plan.tuning import candidates
 
     torch.set_float32_matmul_precision("highest")
@@ -222,11 +222,11 @@ def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
     spread = candidates(torch.float32)[::3]  # a spread of tiles; the interpreter is slow
     routes = [dataclasses.replace(spread[0], split_k=2), dataclasses.replace(spread[0], backend="cublas")]
     for cfg in spread + routes:
-        launches._FORCED[kernel] = cfg
+        FORCED[kernel] = cfg
         try:
             got = run(lambda x, w, b: linear_act(x, w, b, "silu"), x, w, b, dy)
         finally:
-            launches._FORCED.clear()
+            FORCED.clear()
         for name, g, e in zip(("y", "dx", "dw", "db"), got, expected):
             assert torch.allclose(g, e, atol=1e-5), (kernel, cfg, name)
 
@@ -368,17 +368,17 @@ def launches(tmp_path, monkeypatch):
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
     launches.reset_launch_state()
     yield launches
-    launches._FORCED.clear()
+    FORCED.clear()
     launches.reset_launch_state()
 
 
 def forced_run(launches, cfg, m, k, n, activation="leaky_relu", dtype=torch.float32):
     x, w, b, dy = inputs(m, k, n, dtype)
-    launches._FORCED["dw"] = cfg
+    FORCED["dw"] = cfg
     try:
         return run(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, dy)
     finally:
-        launches._FORCED.clear()
+        FORCED.clear()
 
 
 @pytest.mark.parametrize(("m", "nk", "block"), [(64, 32, 16), (130, 48, 16), (97, 40, 32)])
@@ -394,15 +394,15 @@ def test_split_k_weight_gradient_is_accurate_and_reproducible(launches, m, nk, b
         for name, a, b, w in zip(("y", "dx", "dw", "db"), first, again, whole):
             assert torch.equal(a, b), (split, name)
             assert torch.allclose(a, w, rtol=1e-5, atol=1e-5 * w.abs().max().item()), (split, name)
-        launches._FORCED["dw"] = cfg
+        FORCED["dw"] = cfg
         try:
             check_against_float64(m, nk, nk, "silu", torch.float32)
         finally:
-            launches._FORCED.clear()
+            FORCED.clear()
 
 
 def test_split_k_in_sixteen_bits(launches) -> None:
-    launches._FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=4)
+    FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=4)
     check_against_float64(128, 40, 32, "tanh", torch.float16)
 
 
@@ -410,9 +410,9 @@ def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launche
     torch.set_float32_matmul_precision("highest")
     x, w, b, dy = inputs(8192, 16, 16, torch.float32, seed=1)
     dy = dy * 100 + 1
-    launches._FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=8)
+    FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=8)
     ours = run(lambda x, w, b: linear_act(x, w, b, "leaky_relu"), x, w, b, dy)[3]
-    launches._FORCED.clear()
+    FORCED.clear()
     eager = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x, w, b, dy)[3]
     exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(),
                 dy.double())[3]
@@ -572,7 +572,7 @@ def test_split_k_is_reproducible_on_the_gpu(launches) -> None:
     cfg = LaunchConfig(64, 64, 32, 4, 3, split_k=4)
     first, again = forced_run(launches, cfg, 512, 512, 512), forced_run(launches, cfg, 512, 512, 512)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
-    launches._FORCED["dw"] = cfg
+    FORCED["dw"] = cfg
     check_against_float64(512, 512, 512, "leaky_relu", torch.float32)
 
 

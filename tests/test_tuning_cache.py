@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kernels.plan import launch_plan
+from kernels.plan import trials
 from kernels.plan import launches
 from kernels.ops import linear_act as op
 from kernels.plan import tuning_cache
@@ -220,12 +221,12 @@ def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -
         return float(len(ran))  # the first candidate (the heuristic's) wins: nothing timed
 
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
-        return launches.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer, activation=activation)
+        return trials.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer, activation=activation)
 
     launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, sm_count=4)
     x, w, b = layer()
     got = train_step(x, w, b, "silu")
-    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"} and ran and not launches._FORCED
+    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"} and ran and not trials.FORCED
     assert len(launches._PLANS) == 3  # the nested calls left no plans of their own
     ref = [t.clone().requires_grad_() for t in (x, w, b)]
     y = torch.nn.functional.silu(torch.nn.functional.linear(*ref))
@@ -576,17 +577,17 @@ def test_precompile_runs_the_launch_path_with_warmup_for_every_candidate(monkeyp
     monkeypatch.setattr(launches, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cfgs = launch_plan.tuning_candidates("dw", N, K, M, torch.float32, 4)
-    assert launches.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
+    assert trials.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
     assert len(entered) == 1
     tiles = {(kw["BLOCK_N"], kw["BLOCK_K"], kw["BLOCK_M"]) for name, kw in warmed if name == "_weight_grad_kernel"}
     assert tiles == {(c.block_r, c.block_c, c.block_red) for c in cfgs if c.backend == "triton"}
-    assert not launches._FORCED and not launches._PLANS
+    assert not trials.FORCED and not launches._PLANS
 
 
 @pytest.mark.interpreter
 def test_precompile_does_nothing_under_the_interpreter() -> None:
     cfgs = launch_plan.tuning_candidates("fwd", M, N, K, torch.float32, None)
-    assert launches.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
+    assert trials.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
 
 
 def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys) -> None:

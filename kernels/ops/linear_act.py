@@ -43,7 +43,7 @@ from kernels.plan.launch_plan import CLASS_OF
 from kernels.plan.launch_plan import precision_for
 from kernels.plan.launch_plan import cdiv
 from kernels.plan.launches import plan_for
-from kernels.plan.launches import use_launch_code
+from kernels.plan.trials import use_launch_code
 
 # Re-exported for the op's callers: the strict-fp32 mode the kernels run (bench/plugin
 # reads it; to change it, set kernels.plan.launch_plan.STRICT_FP32) and what ran (README).
