@@ -8,8 +8,9 @@ OLD and NEW are run files (pytest-benchmark storage, --benchmark-json, run.parti
 Each case of NEW is judged against OLD's record of it through the gate's one judge, as
 the fixture and the serving test judge against --benchmark-compare's baseline, with the
 noise history read from the runs beside OLD; two runs that did not measure the same
-thing are shown, not gated. pytest-benchmark's own compare judges nothing of extra_info,
-hence this command.
+thing are shown, not gated, by the session's rule (bench.gate.compare.gating: a planted
+NEW is judged against an unplanted OLD). pytest-benchmark's own compare judges nothing
+of extra_info, hence this command.
 """
 
 from __future__ import annotations
