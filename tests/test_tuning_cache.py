@@ -416,7 +416,7 @@ def test_the_cell_list_measures_each_cell_once_losing_cells_first() -> None:
     from bench.tools import bench_cells
 
     cells = bench_cells.cell_list(bench_cells.BATCHES, bench_cells.WIDTHS, bench_cells.PRECISIONS,
-                                  bench_cells.ACTIVATION_CODES)
+                                  bench_cells.ACTIVATIONS)
     assert len(cells) == len(set(cells)) == 2 * (4 * 5 + 4)
     assert cells[:3] == bench_cells.PRIORITY[:3]
 
@@ -573,8 +573,8 @@ def test_precompile_runs_the_launch_path_with_warmup_for_every_candidate(monkeyp
             return False
 
     warmed: list[tuple[str, dict]] = []
-    monkeypatch.setattr(launches.triton, "AsyncCompileMode", FakeMode, raising=False)
-    monkeypatch.setattr(launches, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
+    monkeypatch.setattr(trials.triton, "AsyncCompileMode", FakeMode, raising=False)
+    monkeypatch.setattr(trials, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cfgs = launch_plan.tuning_candidates("dw", N, K, M, torch.float32, 4)
     assert trials.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
