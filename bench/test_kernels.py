@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from bench.plugin.verdicts import judge_calls
+from model.axes import ACTIVATIONS
 from model.mlp import MLP
 from model.train import precision_mode
 
@@ -31,7 +32,6 @@ GPU_GRID = [(b, w) for b in (64, 128, 256, 512) for w in (128, 256, 512, 1024, 2
 SERVING_GPU = {"optimal": (512, 3), "blocks-5": (512, 5), "units-1024": (1024, 3)}
 SERVING_CPU = {"tiny": (32, 2)}
 CPU_GRID = [(64, 32)]  # Triton's interpreter: the code path, not the speed
-ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 SUMMARY = "loadbench-kernel-cells"
 
 

@@ -1,5 +1,5 @@
 """The axes a run is measured along, one definition each: implementation, optimizer
-implementation, precision, training loop, and the names of the served variants.
+implementation, precision, training loop, hidden activation, and the served variants.
 
 Stdlib only, so that bench/gate reads the same values without torch. Each axis is a
 str-valued Enum: a member equals its value (``Impl.TRITON == "triton"``), so options,
@@ -44,6 +44,16 @@ class Loop(str, Enum):
     STEP_GRAPH = "step-graph"
 
 
+class Activation(str, Enum):
+    """The hidden layers' activation, in the study's order (the head has none)."""
+
+    RELU = "relu"
+    LEAKY_RELU = "leaky_relu"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    SILU = "silu"
+
+
 def values(axis: type[Enum]) -> tuple[str, ...]:
     """An axis's values in declaration order, as the strings options and records hold."""
     return tuple(member.value for member in axis)
@@ -53,6 +63,7 @@ IMPLS = values(Impl)
 OPTIMIZER_IMPLS = values(OptimizerImpl)
 PRECISIONS = values(Precision)
 LOOPS = values(Loop)
+ACTIVATIONS = values(Activation)
 # Serving lists its implementations from the baseline out: eager, compiled, then the kernels.
 SERVING_IMPLS = (Impl.TORCH.value, Impl.COMPILE.value, Impl.TRITON.value)
 # The compression presets the serving benchmark parametrizes, in its order (model/compress.py

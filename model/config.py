@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from model.axes import ACTIVATIONS
 from model.axes import IMPLS
 from model.axes import LOOPS
 from model.axes import OPTIMIZER_IMPLS
 from model.axes import PRECISIONS
 
-ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 OPTIMIZERS = ("adagrad", "rmsprop", "sgd", "adam")
 
 

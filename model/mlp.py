@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.axes import Impl
-from model.config import ACTIVATIONS
+from model.axes import ACTIVATIONS
 from model.config import IMPLS
 
 LEAKY_SLOPE = 0.01  # torch's default, and the kernel's

@@ -10,10 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from types import SimpleNamespace
 
+from bench.gate.budgets import Budgets
+from bench.gate.compare import make_baseline
 from bench.gate.kernel_table import KernelTable
+from bench.gate.runs import load_history
+from bench.gate.runs import read_run
+from bench.gate.timing import time_note
 from bench.gate.verdict import STATUSES
 from bench.gate.verdict import Verdict
+from bench.plugin.verdicts import judge_in_test
 from bench.tools.compare import main
 
 GPU = "NVIDIA H100 80GB HBM3"
@@ -180,11 +187,23 @@ def test_history_given_elsewhere_tells_the_noise(stored, tmp_path, budgets, caps
     assert code == 1 and "from 5 stored run(s)" in out
 
 
-def test_a_planted_run_against_an_unplanted_one_is_not_gated(stored, tmp_path, budgets, capsys) -> None:
+def test_a_planted_run_is_judged_against_an_unplanted_one_and_says_so(stored, tmp_path, budgets, capsys) -> None:
+    """As the session judges it: a planted run exists to show what the gate catches."""
     new = write_run(tmp_path / "new.json", 5, cases(slowdown=2.5), plant="150%:host")
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
+    assert code == 1
+    assert "**Planted**: NEW's planted slowdown 150%:host: judged against the unplanted OLD" in out
+    assert "Not gated" not in out
+    for case in TRAINING:
+        assert "**regressed**: median_epoch_s" in row(out, case)
+
+
+def test_a_planted_baseline_does_not_gate(stored, tmp_path, budgets, capsys) -> None:
+    old = write_run(tmp_path / "old" / "old.json", 4, cases(), plant="150%:host")
+    new = write_run(tmp_path / "new.json", 5, cases(slowdown=2.5))
+    code, out, _ = compare(capsys, old, new, "--budgets", budgets)
     assert code == 0
-    assert "**Not gated**: OLD ran plant=None, NEW plant='150%:host': shown, not gated." in out
+    assert "**Not gated**: OLD ran plant='150%:host', NEW plant=None: shown, not gated." in out
     for case in TRAINING:
         assert row(out, case).rstrip(" |").endswith("not gated")
 
@@ -194,6 +213,7 @@ def test_a_planted_run_against_an_unplanted_one_is_not_gated(stored, tmp_path, b
     ({"profile": "quick", "epochs": 40},
      "OLD ran profile='smoke', NEW profile='quick'; OLD ran epochs=8, NEW epochs=40"),
     ({"gpu": "NVIDIA H200"}, f"OLD ran on {GPU}, NEW on NVIDIA H200"),
+    ({"gpu": "NVIDIA H200", "epochs": 40}, f"OLD ran on {GPU}, NEW on NVIDIA H200; OLD ran epochs=8, NEW epochs=40"),
 ])
 def test_other_settings_or_gpu_are_not_gated(stored, tmp_path, budgets, capsys, change, reason) -> None:
     new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.5), **change)
@@ -202,6 +222,57 @@ def test_other_settings_or_gpu_are_not_gated(stored, tmp_path, budgets, capsys, 
     verdicts = [item["verdict"] for item in json.loads(out)]
     assert {v["status"] for v in verdicts} == {"not gated"}
     assert all(v["reason"] == f"{reason}: shown, not gated" for v in verdicts)
+
+
+def session_verdicts(old: Path, new: Path, budgets: Path) -> dict[str, dict]:
+    """NEW's verdicts as the session reaches them in its tests (bench.plugin.verdicts.judge_in_test),
+    with OLD as --benchmark-compare's baseline and the runs beside it as its history."""
+    old_run, new_run = read_run(old), read_run(new)
+    settings = new_run["machine_info"]["loadbench"]["settings"]
+    baseline = make_baseline(old, old_run, new_run["machine_info"], settings)
+    baseline.history = load_history(old, old_run, sorted(old.parent.glob("*.json")))
+    options = SimpleNamespace(profile=SimpleNamespace(name=settings["profile"]), epochs=settings["epochs"],
+                              time_note=time_note(settings.get("time_gated", True), settings["device"]))
+    session = SimpleNamespace(options=options, no_baseline_reason="no baseline",
+                              baseline_for=lambda name: (baseline, baseline.benchmarks[name])
+                              if name in baseline.benchmarks else None)
+    rules = Budgets.load(budgets)
+    out = {}
+    for bench in new_run["benchmarks"]:
+        info = dict(bench["extra_info"])
+        if info.get("kind") == "inference":
+            budget = rules.resolve_inference(settings["profile"], info["variant"], info["case"], settings["dataset"])
+        else:
+            budget = rules.resolve(settings["profile"], info["experiment"], info["case"], settings["dataset"])
+        benchmark = SimpleNamespace(fullname=bench["fullname"], extra_info=dict(info))
+        judged, _ = judge_in_test(session, benchmark, info, budget)
+        out[bench["fullname"]] = judged.verdict.as_dict()
+    return out
+
+
+@pytest.mark.parametrize(("change", "status"), [
+    ({}, "regressed"),  # the same settings: the slower epochs and calls regress
+    ({"plant": "150%:host"}, "regressed"),  # a planted run against an unplanted baseline: judged
+    ({"epochs": 40}, "not gated"),  # other settings
+    ({"gpu": "NVIDIA H200"}, "not gated"),  # another card
+    ({"device": "cpu", "time_gated": False}, "ok"),  # time not gated on a CPU, the rest judged
+])
+def test_compare_and_the_session_give_a_case_one_verdict(stored, tmp_path, budgets, capsys, change, status) -> None:
+    records = cases(slowdown=1.3) | {serving_name("fp32"): serving("fp32", 30e-6, 0.0)}
+    for day in (1, 2, 3, 4):  # the stored runs' serving record, so the history knows its noise
+        path = stored / (f"{day:04d}_run.json" if day < 4 else "0004_old.json")
+        run = json.loads(path.read_text())
+        run["benchmarks"].append({"fullname": serving_name("fp32"), "name": "s", "group": None, "stats": {},
+                                  "extra_info": serving("fp32", 20e-6 * (1 + 0.002 * day), 0.0)})
+        path.write_text(json.dumps(run))
+    new = write_run(tmp_path / "new.json", 5, records, **change)
+    code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--budgets-too", "--json")
+    tool = {item["fullname"]: item["verdict"] for item in json.loads(out)}
+    for verdict in tool.values():  # the tool names the runs OLD and NEW, the session baseline and this run
+        verdict["reason"] = verdict["reason"].replace("OLD ran", "baseline ran").replace(", NEW ", ", this run ")
+    assert tool == session_verdicts(stored / "0004_old.json", new, budgets)
+    assert {v["status"] for v in tool.values()} == {status}
+    assert code == (1 if status == "regressed" else 0)
 
 
 def test_a_traced_regression_lists_the_kernels_that_grew(stored, tmp_path, budgets, capsys) -> None:

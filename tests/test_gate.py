@@ -13,6 +13,8 @@ from bench.gate.budgets import Budgets
 from bench.gate.timing import DEFAULT_UNKNOWN_NOISE_PCT
 from bench.gate.timing import check_time
 from bench.gate.timing import estimate_noise
+from bench.gate.compare import gating
+from bench.gate.compare import planted_note
 from bench.gate.runs import load_history
 from bench.gate.runs import machine_difference
 from bench.gate.runs import same_measurement
@@ -334,3 +336,20 @@ def test_the_serving_latency_rules_unknown_noise_stand_in_changes_the_verdict() 
     assert check_latency(loose, slower, base) == []
     assert check_latency(default, slower, base) == []
     assert check_latency(default, rounds(39.0, 39.1), base)  # +30%: past the default 25%
+
+
+def test_a_baseline_gates_only_a_run_that_measured_alike_or_a_planted_one() -> None:
+    base = {"profile": "quick", "epochs": 8, "plant": None}
+    assert gating("H100", base, "H100", base).gates
+    other = gating("H200", base | {"epochs": 40}, "H100", base)
+    assert other.differs == ("gpu", "epochs") and not other.gates
+    assert other.reason == ("baseline ran on H100, this run on H200; baseline ran epochs=8, this run epochs=40: "
+                            "shown, not gated")
+    planted = gating("H100", base | {"plant": "30%:host"}, "H100", base)
+    assert planted.gates and planted.reason == "" and planted.planted == "30%:host"
+    assert planted_note(planted) == ("planted slowdown 30%:host: judged against the unplanted baseline, "
+                                     "to show what the gate catches")
+    assert planted_note(gating("H100", base, "H100", base)) == ""
+    baseline_planted = gating("H100", base, "H100", base | {"plant": "30%:host"}, run="NEW", baseline="OLD")
+    assert baseline_planted.differs == ("plant",)
+    assert baseline_planted.reason == "OLD ran plant='30%:host', NEW plant=None: shown, not gated"

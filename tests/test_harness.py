@@ -183,7 +183,7 @@ def test_baseline_from_another_gpu_does_not_gate(bench, pytester, monkeypatch) -
     monkeypatch.setenv("PLANTED_EPOCH_S", "0.3")
     result = bench(f"--benchmark-compare={run}", budgets=gate)
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*measured on NVIDIA H100 80GB HBM3, this run on no GPU: shown, not gated*"])
+    result.stdout.fnmatch_lines(["*baseline ran on NVIDIA H100 80GB HBM3, this run on no GPU: shown, not gated*"])
 
 
 def test_pytest_benchmark_compare_reads_our_runs(bench, pytester) -> None:

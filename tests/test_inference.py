@@ -20,19 +20,22 @@ from bench.gate.budgets import Budgets
 from bench.gate.budgets import InferenceBudget
 from bench.gate.budgets import check_inference
 from bench.gate.timing import check_latency
-from bench.test_inference import RECORD_KEYS
-from bench.test_inference import skip_reason
+from bench.plugin.serving import RECORD_KEYS
+from bench.plugin.serving import skip_reason
 from model import inference
+from model import latency
+from model import serving
+from model import trained
 from model.compress import Compression
 from model.compress import Unsupported
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.inference import evaluate
-from model.inference import latency_call_count
-from model.inference import latency_stats
 from model.inference import measure
-from model.inference import round_p99s
-from model.inference import trained_model
+from model.latency import latency_call_count
+from model.latency import latency_stats
+from model.latency import round_p99s
+from model.trained import trained_model
 from model.mlp import MLP
 
 CPU = torch.device("cpu")
@@ -88,17 +91,17 @@ def test_measure_times_fewer_calls_where_one_call_is_slow(data, monkeypatch):
     mode gets the floor of 500 (2 s / 10 ms = 200, raised to the floor)."""
     import model.inference as inference
 
-    monkeypatch.setitem(inference.LATENCY_CALLS, "cpu", 2000)
-    monkeypatch.setitem(inference.LATENCY_SECONDS, "cpu", 2.0)
+    monkeypatch.setitem(latency.LATENCY_CALLS, "cpu", 2000)
+    monkeypatch.setitem(latency.LATENCY_SECONDS, "cpu", 2.0)
     result = measure(MLP(75, 32, 2, 10).eval(), data, CPU, batches=(64,), clock=stepping_clock(0.01))
-    assert result["latency_calls"] == inference.LATENCY_MIN_CALLS == 500
-    assert len(result["latency_p99_by_round_s"]) == inference.LATENCY_ROUNDS
+    assert result["latency_calls"] == latency.LATENCY_MIN_CALLS == 500
+    assert len(result["latency_p99_by_round_s"]) == latency.LATENCY_ROUNDS
 
 
 def test_measure_keeps_every_call_where_calls_are_fast(data, monkeypatch):
     import model.inference as inference
 
-    monkeypatch.setitem(inference.LATENCY_CALLS, "cpu", 700)
+    monkeypatch.setitem(latency.LATENCY_CALLS, "cpu", 700)
     result = measure(MLP(75, 32, 2, 10).eval(), data, CPU, batches=(64,), clock=stepping_clock(1e-5))
     assert result["latency_calls"] == 700
 
@@ -207,14 +210,14 @@ def test_pin_where_the_platform_cannot_pin_runs_free_and_says_so(data, monkeypat
     result = measure(MLP(75, 32, 2, 10), data, CPU, latency_calls=3, batches=(64,), clock=stepping_clock(0.1),
                      latency_timer=lambda call, count: timed.append(count) or [5e-6] * count, pin=True)
     assert timed == [3] and result["latency_pinned_cpu"] is None
-    assert result["unavailable"]["latency_pinned_cpu"] == inference.PIN_UNAVAILABLE
+    assert result["unavailable"]["latency_pinned_cpu"] == latency.PIN_UNAVAILABLE
 
 
 @needs_affinity
 def test_thread_pinned_gives_the_cpus_back_when_the_timed_work_raises():
     before = os.sched_getaffinity(0)
     with pytest.raises(RuntimeError, match="timed work failed"):
-        with inference.thread_pinned() as cpu:
+        with latency.thread_pinned() as cpu:
             assert os.sched_getaffinity(0) == {cpu}
             raise RuntimeError("timed work failed")
     assert os.sched_getaffinity(0) == before
@@ -311,15 +314,15 @@ def test_triton_impl_refuses_quantized_weights(data):
             self.network = MLP(75, 32, 2, 10).to(torch.float16)
 
     with pytest.raises(Unsupported, match="dense fp32 or bf16"):
-        inference.prepare(Fake(), "triton", CPU)
+        serving.prepare(Fake(), "triton", CPU)
     with pytest.raises(Unsupported, match="none inside"):
-        inference.prepare(torch.nn.Linear(75, 10), "triton", CPU)
+        serving.prepare(torch.nn.Linear(75, 10), "triton", CPU)
 
 
 # ---------------------------------------------------------------- the model cache
 
 
-class CountingTrainer(inference.Trainer):
+class CountingTrainer(trained.Trainer):
     fits = 0
 
     def fit(self, *args, **kwargs):
@@ -330,7 +333,7 @@ class CountingTrainer(inference.Trainer):
 @pytest.fixture
 def counting(monkeypatch):
     CountingTrainer.fits = 0
-    monkeypatch.setattr(inference, "Trainer", CountingTrainer)
+    monkeypatch.setattr(trained, "Trainer", CountingTrainer)
     return CountingTrainer
 
 

@@ -13,10 +13,12 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.trials import FORCED
+from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import LaunchConfig
 from kernels.plan.launches import launch_config
 from kernels.ops.linear_act import linear_act
+from model.axes import ACTIVATIONS
 from model.mlp import MLP
 
 CUDA = torch.cuda.is_available()
@@ -76,14 +78,14 @@ def check_against_float64(m, k, n, activation, dtype, factor=1.5, floor=None, fl
         assert ours_err <= factor * torch_err + floor * scale, (name, ours_err, torch_err)
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 @pytest.mark.parametrize("shape", [(64, 75, 128), (37, 75, 10), (128, 96, 64)], ids=["first-layer", "head", "hidden"])
 def test_forward_and_gradients_match_torch_fp32(activation, shape) -> None:
     torch.set_float32_matmul_precision("highest")
     check_against_float64(*shape, activation, torch.float32)
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 def test_forward_and_gradients_match_torch_fp16(activation) -> None:
     check_against_float64(48, 75, 40, activation, torch.float16)
 
@@ -93,7 +95,7 @@ def test_forward_and_gradients_match_torch_fp16(activation) -> None:
     m=st.integers(1, 130),
     k=st.sampled_from([1, 10, 17, 75, 64, 100]),
     n=st.sampled_from([1, 10, 33, 64, 96]),
-    activation=st.sampled_from(sorted(ACTIVATIONS)),
+    activation=st.sampled_from(sorted(ACTIVATION_CODES)),
 )
 @example(m=119, k=1, n=1, activation="identity")  # dW is a 119-term sum that cancels to 0.08 of its terms' size
 def test_any_shape_is_masked_correctly(m, k, n, activation) -> None:
@@ -184,7 +186,7 @@ def test_opcheck() -> None:
     x, w, b, _ = inputs(64, 75, 128, torch.float32)
     for t in (x, w, b):
         t.requires_grad_()
-    torch.library.opcheck(torch.ops.loadbench.linear_act_fwd.default, (x, w, b, ACTIVATIONS["silu"]))
+    torch.library.opcheck(torch.ops.loadbench.linear_act_fwd.default, (x, w, b, ACTIVATION_CODES["silu"]))
 
 
 @gpu
@@ -212,7 +214,6 @@ def test_cuda_graph_capture_and_replay() -> None:
 
 @pytest.mark.parametrize("kernel", ["fwd", "dw", "dx"])
 def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
-    from kernels.plan import launches
     from kernels.plan.tuning import candidates
 
     torch.set_float32_matmul_precision("highest")
@@ -221,11 +222,11 @@ def test_every_tuning_candidate_computes_the_same_result(kernel) -> None:
     spread = candidates(torch.float32)[::3]  # a spread of tiles; the interpreter is slow
     routes = [dataclasses.replace(spread[0], split_k=2), dataclasses.replace(spread[0], backend="cublas")]
     for cfg in spread + routes:
-        launches._FORCED[kernel] = cfg
+        FORCED[kernel] = cfg
         try:
             got = run(lambda x, w, b: linear_act(x, w, b, "silu"), x, w, b, dy)
         finally:
-            launches._FORCED.clear()
+            FORCED.clear()
         for name, g, e in zip(("y", "dx", "dw", "db"), got, expected):
             assert torch.allclose(g, e, atol=1e-5), (kernel, cfg, name)
 
@@ -255,7 +256,12 @@ def test_the_key_names_what_changes_the_measured_kernel(monkeypatch) -> None:
         torch.set_float32_matmul_precision("highest")
     assert len(set(keys.values())) == 3 and all(f":{mode}:" in key for mode, key in keys.items())
     assert {plan.activation_class(a) for a in ("relu", "leaky_relu", "tanh", "sigmoid")} == {"pointwise"}
-    assert plan.activation_class("silu") == "silu" and plan.activation_class(ACTIVATIONS["identity"]) == "identity"
+    assert plan.activation_class("silu") == "silu" and plan.activation_class(ACTIVATION_CODES["identity"]) == "identity"
+
+
+def test_the_kernels_code_every_activation_a_model_may_name() -> None:
+    assert list(ACTIVATION_CODES) == ["identity", *ACTIVATIONS]
+    assert sorted(ACTIVATION_CODES.values()) == list(range(len(ACTIVATION_CODES)))
 
 
 def test_tuner_refuses_to_run_without_a_gpu(capsys) -> None:
@@ -362,17 +368,17 @@ def launches(tmp_path, monkeypatch):
     monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
     launches.reset_launch_state()
     yield launches
-    launches._FORCED.clear()
+    FORCED.clear()
     launches.reset_launch_state()
 
 
 def forced_run(launches, cfg, m, k, n, activation="leaky_relu", dtype=torch.float32):
     x, w, b, dy = inputs(m, k, n, dtype)
-    launches._FORCED["dw"] = cfg
+    FORCED["dw"] = cfg
     try:
         return run(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, dy)
     finally:
-        launches._FORCED.clear()
+        FORCED.clear()
 
 
 @pytest.mark.parametrize(("m", "nk", "block"), [(64, 32, 16), (130, 48, 16), (97, 40, 32)])
@@ -388,15 +394,15 @@ def test_split_k_weight_gradient_is_accurate_and_reproducible(launches, m, nk, b
         for name, a, b, w in zip(("y", "dx", "dw", "db"), first, again, whole):
             assert torch.equal(a, b), (split, name)
             assert torch.allclose(a, w, rtol=1e-5, atol=1e-5 * w.abs().max().item()), (split, name)
-        launches._FORCED["dw"] = cfg
+        FORCED["dw"] = cfg
         try:
             check_against_float64(m, nk, nk, "silu", torch.float32)
         finally:
-            launches._FORCED.clear()
+            FORCED.clear()
 
 
 def test_split_k_in_sixteen_bits(launches) -> None:
-    launches._FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=4)
+    FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=4)
     check_against_float64(128, 40, 32, "tanh", torch.float16)
 
 
@@ -404,9 +410,9 @@ def test_split_k_bias_gradient_over_a_long_batch_is_as_accurate_as_torch(launche
     torch.set_float32_matmul_precision("highest")
     x, w, b, dy = inputs(8192, 16, 16, torch.float32, seed=1)
     dy = dy * 100 + 1
-    launches._FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=8)
+    FORCED["dw"] = LaunchConfig(16, 16, 32, 4, 3, split_k=8)
     ours = run(lambda x, w, b: linear_act(x, w, b, "leaky_relu"), x, w, b, dy)[3]
-    launches._FORCED.clear()
+    FORCED.clear()
     eager = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x, w, b, dy)[3]
     exact = run(lambda x, w, b: REFERENCE["leaky_relu"](F.linear(x, w, b)), x.double(), w.double(), b.double(),
                 dy.double())[3]
@@ -428,7 +434,7 @@ def table_for(routes: dict[str, LaunchConfig], m: int, k: int, n: int, activatio
 CUBLAS = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 def test_cublas_route_matches_torch(launches, activation) -> None:
     """torch.mm plus our epilogue (bias + activation) and prologue (dZ, db) kernels."""
     torch.set_float32_matmul_precision("highest")
@@ -444,7 +450,7 @@ def test_cublas_route_matches_torch(launches, activation) -> None:
 GEMV = LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
 @pytest.mark.parametrize("m", [1, 3], ids=["batch-1", "batch-3"])
 def test_gemv_route_matches_torch(launches, activation, m) -> None:
     """The few-row forward (serving batches): products on the FMA units, a strip of
@@ -566,7 +572,7 @@ def test_split_k_is_reproducible_on_the_gpu(launches) -> None:
     cfg = LaunchConfig(64, 64, 32, 4, 3, split_k=4)
     first, again = forced_run(launches, cfg, 512, 512, 512), forced_run(launches, cfg, 512, 512, 512)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
-    launches._FORCED["dw"] = cfg
+    FORCED["dw"] = cfg
     check_against_float64(512, 512, 512, "leaky_relu", torch.float32)
 
 

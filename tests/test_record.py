@@ -75,8 +75,8 @@ def test_compare_and_merge_refuse_a_newer_run_in_one_line_with_exit_2(tmp_path: 
 
 
 def test_the_serving_test_writes_only_declared_fields_and_each_declared_field_once() -> None:
-    from bench.test_inference import RECORD_KEYS
-    from bench.test_inference import WRITTEN_HERE
+    from bench.plugin.serving import RECORD_KEYS
+    from bench.plugin.serving import WRITTEN_HERE
 
     assert WRITTEN_HERE <= set(names(SERVING_FIELDS)), sorted(WRITTEN_HERE - set(names(SERVING_FIELDS)))
     assert set(RECORD_KEYS) | WRITTEN_HERE == set(names(SERVING_FIELDS))

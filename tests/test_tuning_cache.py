@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kernels.plan import launch_plan
+from kernels.plan import trials
 from kernels.plan import launches
 from kernels.ops import linear_act as op
 from kernels.plan import tuning_cache
@@ -220,12 +221,12 @@ def test_first_use_tuning_runs_candidates_inside_the_op_and_backward(tmp_path) -
         return float(len(ran))  # the first candidate (the heuristic's) wins: nothing timed
 
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):
-        return launches.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer, activation=activation)
+        return trials.time_launch(kernel, m, n, k, dtype, cfg, device, timer=cpu_timer, activation=activation)
 
     launches.reset_launch_state(cache_dir=tmp_path / "cache", measure=measure, sm_count=4)
     x, w, b = layer()
     got = train_step(x, w, b, "silu")
-    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"} and ran and not launches._FORCED
+    assert sources() == {"fwd": "tuned", "dw": "tuned", "dx": "tuned"} and ran and not trials.FORCED
     assert len(launches._PLANS) == 3  # the nested calls left no plans of their own
     ref = [t.clone().requires_grad_() for t in (x, w, b)]
     y = torch.nn.functional.silu(torch.nn.functional.linear(*ref))
@@ -572,21 +573,21 @@ def test_precompile_runs_the_launch_path_with_warmup_for_every_candidate(monkeyp
             return False
 
     warmed: list[tuple[str, dict]] = []
-    monkeypatch.setattr(launches.triton, "AsyncCompileMode", FakeMode, raising=False)
-    monkeypatch.setattr(launches, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
+    monkeypatch.setattr(trials.triton, "AsyncCompileMode", FakeMode, raising=False)
+    monkeypatch.setattr(trials, "_launch_warmup", lambda fn, grid, *a, **kw: warmed.append((fn.__name__, kw)))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cfgs = launch_plan.tuning_candidates("dw", N, K, M, torch.float32, 4)
-    assert launches.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
+    assert trials.precompile("dw", M, N, K, torch.float32, cfgs, torch.device("cpu")) == len(cfgs)
     assert len(entered) == 1
     tiles = {(kw["BLOCK_N"], kw["BLOCK_K"], kw["BLOCK_M"]) for name, kw in warmed if name == "_weight_grad_kernel"}
     assert tiles == {(c.block_r, c.block_c, c.block_red) for c in cfgs if c.backend == "triton"}
-    assert not launches._FORCED and not launches._PLANS
+    assert not trials.FORCED and not launches._PLANS
 
 
 @pytest.mark.interpreter
 def test_precompile_does_nothing_under_the_interpreter() -> None:
     cfgs = launch_plan.tuning_candidates("fwd", M, N, K, torch.float32, None)
-    assert launches.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
+    assert trials.precompile("fwd", M, N, K, torch.float32, cfgs, torch.device("cpu")) == 0
 
 
 def test_the_dry_run_lists_what_first_use_tuning_of_the_experiments_costs(capsys) -> None:
@@ -620,7 +621,7 @@ def _grads(fn, x, w, b, autocast=False):
 @pytest.mark.interpreter
 @pytest.mark.parametrize(("activation", "autocast"), [("silu", False), ("tanh", True)])
 def test_the_eager_path_skips_the_op_and_gives_the_same_bits(activation, autocast) -> None:
-    code = launch_plan.ACTIVATIONS[activation]
+    code = launch_plan.ACTIVATION_CODES[activation]
     x, w, b = layer()
     y, eager = _grads(lambda x, w, b: linear_act(x, w, b, activation), x, w, b, autocast)
     # Under autocast the eager path hands the kernels a 16-bit X and the fp32 W and b; the
@@ -741,8 +742,8 @@ def test_the_op_path_keeps_the_tuned_winner(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(op, "_launch_traceable",
                         lambda fn, grid, *a, **k: (names.append(fn.fn.__name__), real(fn, grid, *a, **k)))
     x, w, b = layer()
-    y, _ = torch.ops.loadbench.linear_act_fwd(x, w, b, launch_plan.ACTIVATIONS["leaky_relu"])
-    torch.ops.loadbench.linear_act_bwd(torch.ones_like(y), y, x, w, launch_plan.ACTIVATIONS["leaky_relu"], True)
+    y, _ = torch.ops.loadbench.linear_act_fwd(x, w, b, launch_plan.ACTIVATION_CODES["leaky_relu"])
+    torch.ops.loadbench.linear_act_bwd(torch.ones_like(y), y, x, w, launch_plan.ACTIVATION_CODES["leaky_relu"], True)
     assert names == ["_bias_act_kernel", "_act_grad_kernel"]
 
 

@@ -1,5 +1,6 @@
-"""Baseline compare: decide whether a stored run may gate this one, and judge each case's
-metrics against it, direction-aware.
+"""Baseline compare: decide whether a stored run may gate this one (`gating`, the one rule
+the session and the compare tool share), and judge each case's metrics against it,
+direction-aware.
 
 pytest-benchmark finds and loads the baseline file (and compares time statistics
 with --benchmark-compare-fail); it skips a file it cannot parse with a warning and
@@ -23,7 +24,10 @@ from bench.gate.budgets import Failure
 from bench.gate.kernel_table import KernelTable
 from bench.gate.kernel_table import describe
 from bench.gate.kernel_table import diff
+from bench.gate.record import RECORD_KEY
+from bench.gate.runs import HISTORY_SETTINGS
 from bench.gate.runs import gpu_name
+from bench.gate.runs import setting
 from bench.gate.timing import DEFAULT_NOISE_K
 from bench.gate.timing import EPOCH_TIME
 from bench.gate.timing import Timed
@@ -31,14 +35,57 @@ from bench.gate.timing import check_time
 from bench.gate.timing import estimate_noise
 
 
+@dataclass(frozen=True)
+class Gating:
+    """Whether a stored run may gate a run, and why not."""
+
+    differs: tuple[str, ...] = ()  # what sets them apart: "gpu", then the HISTORY_SETTINGS that differ
+    reason: str = ""  # the differences in words; "" when the stored run gates
+    planted: str = ""  # the run's planted slowdown, judged against the unplanted baseline; "" when none
+
+    @property
+    def gates(self) -> bool:
+        return not self.differs
+
+
+def gating(gpu: str, settings: dict[str, Any], baseline_gpu: str, baseline_settings: dict[str, Any], *,
+           run: str = "this run", baseline: str = "baseline") -> Gating:
+    """Whether a baseline (on `baseline_gpu`, with `baseline_settings`) may gate a run: only
+    one that measured the same thing, on the same GPU model with the HISTORY_SETTINGS alike
+    (same_measurement). A planted run is the exception: it exists to show what the gate
+    catches, so it is judged against the unplanted baseline and says so; a planted baseline
+    never gates. `run` and `baseline` name the two in the reason."""
+    differs, parts = [], []
+    if gpu != baseline_gpu:
+        differs.append("gpu")
+        parts.append(f"{baseline} ran on {baseline_gpu}, {run} on {gpu}")
+    planted = ""
+    for key in HISTORY_SETTINGS:
+        ours, theirs = setting(settings, key), setting(baseline_settings, key)
+        if ours == theirs:
+            continue
+        if key == "plant" and theirs is None:
+            planted = str(ours)
+            continue
+        differs.append(key)
+        parts.append(f"{baseline} ran {key}={theirs!r}, {run} {key}={ours!r}")
+    reason = "; ".join(parts) + ": shown, not gated" if parts else ""
+    return Gating(tuple(differs), reason, planted)
+
+
+def planted_note(found: Gating, baseline: str = "baseline") -> str:
+    """What a planted run says of the baseline that judged it; "" for an unplanted one."""
+    if not found.planted:
+        return ""
+    return f"planted slowdown {found.planted}: judged against the unplanted {baseline}, to show what the gate catches"
+
+
 @dataclass
 class Baseline:
     path: Path
     machine_info: dict[str, Any]
     benchmarks: dict[str, dict[str, Any]]  # fullname -> saved benchmark
-    gating: bool = True
-    reason: str = ""  # why it does not gate
-    differs: tuple[str, ...] = ()  # what set it apart: "gpu" and the settings that differ
+    gate: Gating = Gating()  # whether it may gate this run, and why not
     notes: list[str] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)  # stored runs for the noise estimate, oldest first
 
@@ -46,15 +93,24 @@ class Baseline:
     def gpu(self) -> str:
         return gpu_name(self.machine_info)
 
+    @property
+    def gating(self) -> bool:
+        return self.gate.gates
 
-def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any]) -> Baseline:
-    baseline = Baseline(path, run["machine_info"], {b["fullname"]: b for b in run["benchmarks"]})
-    ours, theirs = gpu_name(machine_info), baseline.gpu
-    if ours != theirs:
-        baseline.gating = False
-        baseline.differs = ("gpu",)
-        baseline.reason = f"baseline {path.name} was measured on {theirs}, this run on {ours}: shown, not gated"
-    return baseline
+    @property
+    def reason(self) -> str:
+        return self.gate.reason
+
+    @property
+    def differs(self) -> tuple[str, ...]:
+        return self.gate.differs
+
+
+def make_baseline(path: Path, run: dict[str, Any], machine_info: dict[str, Any], settings: dict[str, Any]) -> Baseline:
+    """A stored run as the baseline of this run (on `machine_info`'s GPU, with `settings`)."""
+    theirs = run["machine_info"][RECORD_KEY].get("settings") or {}
+    found = gating(gpu_name(machine_info), settings, gpu_name(run["machine_info"]), theirs)
+    return Baseline(path, run["machine_info"], {b["fullname"]: b for b in run["benchmarks"]}, found)
 
 
 def check_drops(budget: Budget, current: dict[str, Any], baseline: dict[str, Any]) -> list[Failure]:
@@ -159,7 +215,8 @@ DIRECTIONS = {
     "rss_peak_mib": -1,
     "energy_per_epoch_j": -1,
 }
-
+# The same for a serving record.
+SERVING_DIRECTIONS = {"latency_p99_s": -1, "accuracy": 1, "macro_f1": 1, "accuracy_drop": -1, "energy_j_per_1k": -1}
 
 def explain(failure: Failure, current: dict[str, Any], baseline: dict[str, Any], top: int = 5) -> Failure:
     """A time failure with the kernels whose time grew most, where both runs hold a trace."""
@@ -182,13 +239,31 @@ def failed_metrics(failures: Sequence[Failure]) -> set[str]:
     return {FAILURE_METRICS.get(f.metric, f.metric) for f in failures}
 
 
-def deltas(current: dict[str, Any], baseline: dict[str, Any]) -> dict[str, tuple[float, bool]]:
-    """metric -> (relative change, whether it got worse)."""
+@dataclass(frozen=True)
+class Delta:
+    """One metric of a case against the baseline's record of it."""
+
+    old: float
+    new: float
+    change: float | None  # relative; None from a zero
+    worse: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"old": self.old, "new": self.new, "change": self.change, "worse": self.worse}
+
+
+def deltas(current: dict[str, Any], baseline: dict[str, Any], directions: dict[str, int] = DIRECTIONS
+           ) -> dict[str, Delta]:
+    """metric -> its Delta, for the metrics of `directions` both records hold as numbers."""
     out = {}
-    for metric, direction in DIRECTIONS.items():
-        now, then = current.get(metric), baseline.get(metric)
-        if now is None or not then:
+    for metric, direction in directions.items():
+        new, old = current.get(metric), baseline.get(metric)
+        if not is_number(new) or not is_number(old):
             continue
-        change = now / then - 1
-        out[metric] = (change, change * direction < 0)
+        out[metric] = Delta(old, new, new / old - 1 if old else None, (new - old) * direction < 0)
     return out
+
+
+def is_number(value: object) -> bool:
+    """A finite int or float, not a bool: a figure a delta can be taken of."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

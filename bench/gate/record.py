@@ -25,28 +25,6 @@ UNVERSIONED_FORMAT = 1  # what a run without FORMAT_KEY is
 INFERENCE_KIND = "inference"  # extra_info["kind"] of a serving record
 RUN_KEY = "run"  # machine_info[RECORD_KEY][RUN_KEY]: how the run ended (bench.gate.runs.RunState)
 
-# Keys every reader spells the same way.
-CASE = "case"
-EXPERIMENT = "experiment"
-KIND = "kind"
-VERDICT = "verdict"
-TIME_GATE = "time_gate"
-ACCURACY = "accuracy"
-MACRO_F1 = "macro_f1"
-MEDIAN_EPOCH_S = "median_epoch_s"
-EPOCH_SECONDS_BY_ROUND = "epoch_seconds_by_round"
-VRAM_PEAK_MIB = "vram_peak_mib"
-RSS_PEAK_MIB = "rss_peak_mib"
-ENERGY_PER_EPOCH_J = "energy_per_epoch_j"
-KERNEL_TRACE = "kernel_trace"
-BOUND = "bound"
-KERNEL_CACHES = "kernel_caches"
-THROTTLED = "throttled"
-LATENCY_P99_S = "latency_p99_s"
-LATENCY_P99_BY_ROUND_S = "latency_p99_by_round_s"
-LATENCY_MODE = "latency_mode"
-ACCURACY_DROP = "accuracy_drop"
-
 
 @dataclass(frozen=True)
 class Field:
@@ -59,8 +37,8 @@ class Field:
 
 # A training case's extra_info (bench/plugin/fixture.py), in the order it is written.
 CASE_FIELDS: tuple[Field, ...] = (
-    Field(CASE, "the case id, e.g. 'units-128'"),
-    Field(EXPERIMENT, "the experiment the case varies, e.g. 'units'"),
+    Field("case", "the case id, e.g. 'units-128'"),
+    Field("experiment", "the experiment the case varies, e.g. 'units'"),
     Field("config", "the TrainConfig trained, as a dict"),
     Field("profile", "the profile's name"),
     Field("dataset", "the data trained on, described"),
@@ -68,41 +46,41 @@ CASE_FIELDS: tuple[Field, ...] = (
     Field("optimizer_impl", "the optimizer implementation that ran"),
     Field("step_route", "how a step ran: 'fused-step' (one launch) or 'layers (why not fused)'", optional=True),
     Field("notes", "what the trainer changed or fell back to, in words"),
-    Field(EPOCH_SECONDS_BY_ROUND, "per training, the seconds of each epoch (the first is the warm-up)"),
+    Field("epoch_seconds_by_round", "per training, the seconds of each epoch (the first is the warm-up)"),
     Field("first_epoch_s", "the warm-up epoch's seconds, compilation and capture included"),
-    Field(KERNEL_CACHES, "whether Triton's and Inductor's caches were 'warm' or 'cold'"),
-    Field(MEDIAN_EPOCH_S, "the median steady epoch, seconds"),
+    Field("kernel_caches", "whether Triton's and Inductor's caches were 'warm' or 'cold'"),
+    Field("median_epoch_s", "the median steady epoch, seconds"),
     Field("train_seconds", "the whole training's seconds"),
     Field("samples_per_s", "training samples per second at the median epoch"),
     Field("tflops", "model TFLOP/s at the median epoch"),
     Field("cost", "the model's FLOPs and bytes per epoch, as a dict"),
-    Field(ACCURACY, "test accuracy"),
-    Field(MACRO_F1, "test macro F1"),
+    Field("accuracy", "test accuracy"),
+    Field("macro_f1", "test macro F1"),
     Field("weighted_f1", "test weighted F1"),
     Field("final_loss", "the last epoch's training loss"),
     Field("confusion", "the test confusion matrix"),
-    Field(VRAM_PEAK_MIB, "the case's own allocator peak, MiB (None without a GPU)"),
+    Field("vram_peak_mib", "the case's own allocator peak, MiB (None without a GPU)"),
     Field("vram_reserved_peak_mib", "the allocator's reserved peak, MiB (None without a GPU)"),
-    Field(RSS_PEAK_MIB, "the process's resident set peak, MiB"),
+    Field("rss_peak_mib", "the process's resident set peak, MiB"),
     Field("energy_j", "energy over the timed window, joules (None without a counter)"),
-    Field(ENERGY_PER_EPOCH_J, "energy per epoch, joules (None without a counter)"),
-    Field(THROTTLED, "whether clocks were held down during the window"),
+    Field("energy_per_epoch_j", "energy per epoch, joules (None without a counter)"),
+    Field("throttled", "whether clocks were held down during the window"),
     Field("load", "the load monitor's summary"),
     Field("series_path", "the sample series CSV (None: the run is not stored)"),
     Field("planted_slowdown", "the --plant-slowdown that ran, or None"),
-    Field(KERNEL_TRACE, "the kernel table of a few steady epochs (--kernel-trace)", optional=True),
-    Field(BOUND, "per step: kernels, kernel time, wall time and the compute, memory and launch floors "
+    Field("kernel_trace", "the kernel table of a few steady epochs (--kernel-trace)", optional=True),
+    Field("bound", "per step: kernels, kernel time, wall time and the compute, memory and launch floors "
                  "(model.bound.Bound.as_dict), with the device and the measured ceilings; None if not profiled"),
     Field("bound_unavailable", "why the step could not be profiled (no CUPTI)", optional=True),
-    Field(TIME_GATE, "how the time rule judged the case: limit, spread, runs, source", optional=True),
-    Field(VERDICT, "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
+    Field("time_gate", "how the time rule judged the case: limit, spread, runs, source", optional=True),
+    Field("verdict", "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
 )
 
 # A serving case's extra_info (bench/test_inference.py).
 SERVING_FIELDS: tuple[Field, ...] = (
-    Field(KIND, f"always {INFERENCE_KIND!r}"),
-    Field(CASE, "the case id of the trained configuration"),
-    Field(EXPERIMENT, "its experiment"),
+    Field("kind", f"always {INFERENCE_KIND!r}"),
+    Field("case", "the case id of the trained configuration"),
+    Field("experiment", "its experiment"),
     Field("variant", "the compression variant served"),
     Field("impl", "the serving implementation"),
     Field("config", "the TrainConfig trained, as a dict"),
@@ -110,16 +88,16 @@ SERVING_FIELDS: tuple[Field, ...] = (
     Field("dataset", "the data, described"),
     Field("latency_graph_s", "batch-1 latency statistics with graph replay, or None"),
     Field("latency_eager_s", "batch-1 latency statistics of the eager loop"),
-    Field(LATENCY_P99_S, "the judged batch-1 p99, seconds"),
-    Field(LATENCY_MODE, "which latency was judged: graph replay or eager"),
-    Field(LATENCY_P99_BY_ROUND_S, "the batch-1 p99 of each round of calls, seconds"),
+    Field("latency_p99_s", "the judged batch-1 p99, seconds"),
+    Field("latency_mode", "which latency was judged: graph replay or eager"),
+    Field("latency_p99_by_round_s", "the batch-1 p99 of each round of calls, seconds"),
     Field("latency_calls", "calls timed for the latency"),
     Field("latency_pinned_cpu", "the CPU the timing thread was held on, or None"),
     Field("throughput", "samples per second by batch size"),
     Field("energy_j_per_1k", "joules per 1,000 inferences, or None"),
-    Field(ACCURACY, "test accuracy of the served model"),
-    Field(MACRO_F1, "test macro F1 of the served model"),
-    Field(ACCURACY_DROP, "the fp32 model's accuracy minus this variant's"),
+    Field("accuracy", "test accuracy of the served model"),
+    Field("macro_f1", "test macro F1 of the served model"),
+    Field("accuracy_drop", "the fp32 model's accuracy minus this variant's"),
     Field("macro_f1_drop", "the fp32 model's macro F1 minus this variant's"),
     Field("speedup", "latency speed-up over the fp32 model"),
     Field("speedup_batch", "the batch size of that speed-up"),
@@ -129,8 +107,8 @@ SERVING_FIELDS: tuple[Field, ...] = (
     Field("notes", "what was done to which layer, in words"),
     Field("unavailable", "figures not measured, with why"),
     Field("load", "the load monitor's summary"),
-    Field(THROTTLED, "whether clocks were held down"),
-    Field(VERDICT, "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
+    Field("throttled", "whether clocks were held down"),
+    Field("verdict", "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
 )
 
 

@@ -86,8 +86,8 @@ def row(entry: dict[str, Any]) -> list[str]:
     if entry["deltas"] is not None:
         broke = failed_metrics(entry["failures"])  # '!' marks what broke a limit, not every worse digit
         cells.append(" ".join(
-            f"{name.split('_')[0]} {change:+.1%}{'!' if name in broke else ''}"
-            for name, (change, _) in entry["deltas"].items()
+            f"{name.split('_')[0]} {delta.change:+.1%}{'!' if name in broke else ''}"
+            for name, delta in entry["deltas"].items() if delta.change is not None
         ))
     else:
         cells.append("")

@@ -236,3 +236,13 @@ def check_latency(
     if current.get("latency_mode") != baseline.get("latency_mode"):
         return []
     return check_slowdown(SlowdownRule.of(budget), LATENCY, current, baseline, history=history)
+
+
+def time_note(time_gated: bool, device: str) -> str | None:
+    """Why time is not judged against the baseline in a run (its settings' `time_gated` and
+    `device`), for every verdict of it; None when it is."""
+    if time_gated:
+        return None
+    if device.split(":")[0] == "cpu":
+        return "time not gated on a CPU (its epochs move with the machine's other load; --time-gate on gates it)"
+    return "time not gated (--time-gate off)"

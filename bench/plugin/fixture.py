@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bench.cases import Case
+from bench.gate.judge import Judgement
 from bench.gate.kernel_table import KernelTable
 from bench.gate.compare import deltas
 from bench.gate.timing import time_samples
@@ -29,8 +30,8 @@ from bench.monitor.series import write_series
 from bench.monitor.trace import profile_trainer
 from bench.plugin.plant import plant_slowdown
 from bench.plugin.session import LoadBenchSession
-from bench.plugin.verdicts import fail_on
-from bench.plugin.verdicts import judge_in_test
+from bench.plugin.verdicts import budget_for
+from bench.plugin.verdicts import gate
 from model.bound import step_bound
 from model.config import TrainConfig
 from model.cost import training_cost
@@ -236,11 +237,13 @@ class LoadBench:
         """The gate's judge on this record; the verdict goes into extra_info and the summary,
         and a broken limit fails this test."""
         session = self.session
-        options = session.options
-        budget = session.budgets.resolve(options.profile.name, case.experiment, case.id, options.dataset)
-        judged, then = judge_in_test(session, self.benchmark, record, budget)
-        session.records.append({
-            "case": case, "record": record, "failures": list(judged.verdict.failures), "noise": judged.noise,
-            "deltas": deltas(record, then) if then is not None else None, "floors_skipped": judged.floors_skipped,
-        })
-        fail_on(judged, case.id)
+
+        def keep(judged: Judgement, then: dict[str, Any] | None) -> None:
+            session.records.append({
+                "case": case, "record": record, "failures": list(judged.verdict.failures), "noise": judged.noise,
+                "deltas": deltas(record, then) if then is not None else None,
+                "floors_skipped": judged.floors_skipped,
+            })
+
+        gate(session, self.benchmark, record, budget_for(session, case.id, experiment=case.experiment), case.id,
+             before_failing=keep)

@@ -17,6 +17,7 @@ from bench.gate.profiles import DEFAULT_BUDGETS
 from bench.gate.profiles import PROFILES
 from bench.gate.profiles import Profile
 from bench.gate.profiles import TIERS
+from bench.gate.timing import time_note
 from model.axes import IMPLS
 from model.axes import Impl
 from model.axes import LOOPS
@@ -183,11 +184,7 @@ class Options:
     @property
     def time_note(self) -> str | None:
         """Why time is not judged against the baseline in this run, for every verdict; None when it is."""
-        if self.time_gated:
-            return None
-        if self.device.type == "cpu":
-            return "time not gated on a CPU (its epochs move with the machine's other load; --time-gate on gates it)"
-        return "time not gated (--time-gate off)"
+        return time_note(self.time_gated, str(self.device))
 
     def header(self) -> str:
         default = " (default for this machine)" if self.profile_was_default else ""

@@ -27,7 +27,6 @@ from bench.monitor.ceiling import measure_ceilings
 from bench.monitor.sampler import GpuProbe
 from bench.gate.budgets import dataset_key
 from bench.plugin.caches import KernelCaches
-from bench.gate.runs import HISTORY_SETTINGS
 from bench.gate.record import FORMAT_KEY
 from bench.gate.record import RECORD_FORMAT
 from bench.gate.record import RECORD_KEY
@@ -42,8 +41,8 @@ from bench.gate.runs import finished
 from bench.gate.runs import run_state
 from bench.gate.runs import load_history
 from bench.gate.compare import make_baseline
+from bench.gate.compare import planted_note
 from bench.gate.runs import read_run
-from bench.gate.runs import setting
 from bench.plugin.options import Options
 from bench.plugin.partial import PartialRun
 from bench.gate.shards import assign
@@ -281,23 +280,9 @@ class LoadBenchSession:
         name = Path(str(compared_benchmark.get("datetime", "baseline")))
         if RECORD_KEY not in compared_benchmark.get("machine_info", {}):
             return  # reported as an error by check_baseline_files
-        baseline = make_baseline(name, compared_benchmark, machine_info)
-        theirs = compared_benchmark["machine_info"][RECORD_KEY].get("settings", {})
-        ours = self.settings()
-        for key in HISTORY_SETTINGS:  # the keys same_measurement compares: the report and compare judge alike
-            if setting(theirs, key) == ours[key]:
-                continue
-            if key == "plant" and setting(theirs, key) is None:
-                # A planted run exists to show what the gate catches: it is judged against the
-                # unplanted baseline (a planted baseline never gates, nor joins the history).
-                self.baseline_messages.append(f"planted slowdown {ours[key]}: judged against the unplanted "
-                                              f"baseline {name.name}, to show what the gate catches")
-                continue
-            baseline.differs += (key,)
-            if baseline.gating:
-                baseline.gating = False
-                baseline.reason = (f"baseline ran {key}={setting(theirs, key)!r}, this run {key}={ours[key]!r}: "
-                                   "shown, not gated")
+        baseline = make_baseline(name, compared_benchmark, machine_info, self.settings())
+        if baseline.gate.planted:
+            self.baseline_messages.append(planted_note(baseline.gate, f"baseline {name.name}"))
         if not baseline.gating:
             self.baseline_messages.append(baseline.reason)
         ended = run_state(compared_benchmark)

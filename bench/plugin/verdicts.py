@@ -1,14 +1,15 @@
 """The gate inside a test: judge one record against the case's baseline and budgets, store
 the verdict in extra_info, and fail the test on a broken limit.
 
-Training cases (the fixture), serving cases and the timed calls (kernel cells, batch-1
-forward, monitor overhead) all go through `judge_in_test`, so every case of a run holds a
-verdict reached the same way; bench/gate/judge.py decides it.
+Training cases (the fixture), serving cases (bench/plugin/serving.py) and the timed calls
+(kernel cells, batch-1 forward, monitor overhead) all go through `gate`, so every case
+of a run holds a verdict reached the same way; bench/gate/judge.py decides it.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,18 +63,38 @@ def fail_on(judged: Judgement, label: str) -> None:
         pytest.fail(f"{label}: {len(failures)} budget(s) broken\n{lines}", pytrace=False)
 
 
+def budget_for(session: Any, case_id: str, *, experiment: str = "", variant: str = "") -> Budget | InferenceBudget:
+    """The limits on a case at the session's profile and dataset: a serving `variant`'s,
+    else those of the training case (or timed call) of `experiment`."""
+    options = session.options
+    if variant:
+        return session.budgets.resolve_inference(options.profile.name, variant, case_id, options.dataset)
+    return session.budgets.resolve(options.profile.name, experiment, case_id, options.dataset)
+
+
+def gate(
+    session: Any, benchmark: Any, record: dict[str, Any], budget: Budget | InferenceBudget, label: str, *,
+    timed: Timed = EPOCH_TIME, budgets_too: bool = True, ceilings: Sequence[Failure] = (),
+    before_failing: Callable[[Judgement, dict[str, Any] | None], None] | None = None,
+) -> Judgement:
+    """Judge `record` in the running test (`judge_in_test`) and fail it, as `label`, on a
+    broken limit; `before_failing` sees the verdict and the stored record first."""
+    judged, then = judge_in_test(session, benchmark, record, budget, timed=timed, budgets_too=budgets_too,
+                                 ceilings=ceilings)
+    if before_failing is not None:
+        before_failing(judged, then)
+    fail_on(judged, label)
+    return judged
+
+
 def judge_calls(session: Any, benchmark: Any, experiment: str, case_id: str, *,
                 seconds: Sequence[float] | None = None, ceilings: Sequence[Failure] = ()) -> Judgement:
     """Gate a timed call (a kernel cell, a batch-1 forward: pytest-benchmark's rounds, or
     the given `seconds`) on time by the training cases' rule and the budget of
     `experiment` / `case_id` (its time_* keys; no floors apply), and fail the test on a
     broken limit."""
-    options = session.options
     calls = list(seconds) if seconds is not None else list(benchmark.stats.stats.data)
     record = {CALL_SECONDS: calls, "median_call_s": statistics.median(calls) if calls else None}
     benchmark.extra_info.update(record)
-    budget = session.budgets.resolve(options.profile.name, experiment, case_id, options.dataset)
-    judged, _ = judge_in_test(session, benchmark, record, budget, timed=CALL_TIME, budgets_too=False,
-                              ceilings=ceilings)
-    fail_on(judged, case_id)
-    return judged
+    return gate(session, benchmark, record, budget_for(session, case_id, experiment=experiment), case_id,
+                timed=CALL_TIME, budgets_too=False, ceilings=ceilings)

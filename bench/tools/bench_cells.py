@@ -39,13 +39,13 @@ from kernels.plan import launches
 from kernels.ops import linear_act  # noqa: F401  (the op loads at import, outside any timed first call)
 from kernels.plan.tuning_cache import FILE_NAME
 from kernels.plan.tuning_cache import TUNE_MODES
+from model.axes import ACTIVATIONS
 from model.mlp import MLP
 from model.train import precision_mode
 
 FEATURES, DEPTH, CLASSES = 75, 3, 10
 BATCHES = (64, 128, 256, 512)
 WIDTHS = (128, 256, 512, 1024, 2048)
-ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu")
 PRECISIONS = ("fp32", "bf16")
 CENTRE = (512, 512)  # the study's optimal batch x width, what every experiment varies around
 LOSING = 0.95  # a cell whose speedup over the best baseline is below this loses

@@ -38,6 +38,7 @@ from bench.gate.runs import BaselineError
 from bench.gate.runs import RunState
 from bench.gate.runs import find_run_files
 from bench.gate.runs import gpu_name
+from bench.gate.runs import is_inference
 from bench.gate.runs import read_run
 from bench.gate.runs import run_state
 from bench.gate.runs import setting
@@ -189,7 +190,7 @@ def read_verdicts(run_path: Path) -> list[CaseLine]:
         info = bench.get("extra_info", {})
         stored = info.get("verdict")
         verdict = Verdict.from_dict(stored) if isinstance(stored, dict) else None
-        if info.get("kind") == "inference":
+        if is_inference(info):
             p99 = info.get("latency_p99_s")
             figure = f"p99 {p99 * 1e6:.1f} us" if p99 else "n/a"
         elif info.get("median_call_s"):  # a kernel cell, a batch-1 forward: microseconds a call

@@ -8,15 +8,15 @@ OLD and NEW are run files (pytest-benchmark storage, --benchmark-json, run.parti
 Each case of NEW is judged against OLD's record of it through the gate's one judge, as
 the fixture and the serving test judge against --benchmark-compare's baseline, with the
 noise history read from the runs beside OLD; two runs that did not measure the same
-thing are shown, not gated. pytest-benchmark's own compare judges nothing of extra_info,
-hence this command.
+thing are shown, not gated, by the session's rule (bench.gate.compare.gating: a planted
+NEW is judged against an unplanted OLD). pytest-benchmark's own compare judges nothing
+of extra_info, hence this command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -35,22 +35,26 @@ from bench.gate.budgets import InferenceBudget
 from bench.gate.budgets import dataset_key
 from bench.gate.budgets import floors_unjudged
 from bench.gate.compare import DIRECTIONS
-from bench.gate.compare import explain
+from bench.gate.compare import SERVING_DIRECTIONS
+from bench.gate.compare import Delta
+from bench.gate.compare import Gating
+from bench.gate.compare import deltas
 from bench.gate.compare import failed_metrics
+from bench.gate.compare import gating
+from bench.gate.compare import is_number
+from bench.gate.compare import planted_note
 from bench.gate.judge import judge as judge_record
 from bench.gate.profiles import DEFAULT_BUDGETS
 from bench.gate.runs import BaselineError
-from bench.gate.runs import HISTORY_SETTINGS
 from bench.gate.runs import Run
 from bench.gate.runs import case_history
 from bench.gate.runs import find_run_files
 from bench.gate.runs import is_inference
 from bench.gate.runs import load_history
 from bench.gate.runs import read_run
-from bench.gate.runs import same_measurement
-from bench.gate.runs import setting
 from bench.gate.runs import unreadable_reason
 from bench.gate.timing import latency_rounds
+from bench.gate.timing import time_note
 from bench.gate.timing import time_samples
 from bench.gate.runs import run_state
 from bench.gate.verdict import NOT_GATED
@@ -61,8 +65,6 @@ from model.files import write_atomic
 PROG = "mlp-loadbench compare"
 TRAINING = "training"
 SERVING = "serving"
-# Serving metrics shown with deltas; +1 higher is better, -1 lower is better.
-SERVING_DIRECTIONS = {"latency_p99_s": -1, "accuracy": 1, "macro_f1": 1, "accuracy_drop": -1, "energy_j_per_1k": -1}
 EXPORTS = ("github-action-benchmark", "bencher")
 
 
@@ -104,11 +106,11 @@ class Judged:
     case: Case
     verdict: Verdict
     old: dict[str, Any] | None
-    deltas: dict[str, dict[str, Any]]
+    deltas: dict[str, Delta]
 
     def as_dict(self) -> dict[str, Any]:
         return {"case": self.case.label, "fullname": self.case.fullname, "kind": self.case.kind,
-                "verdict": self.verdict.as_dict(), "deltas": self.deltas}
+                "verdict": self.verdict.as_dict(), "deltas": {m: d.as_dict() for m, d in self.deltas.items()}}
 
 
 # ------------------------------------------------------------------------ reading
@@ -198,19 +200,9 @@ def history_candidates(given: Sequence[Path] | None, old: RunFile, new: RunFile)
 # ------------------------------------------------------------------------ judging
 
 
-def gating_reason(old: RunFile, new: RunFile) -> str:
-    """Why OLD may not gate NEW (each setting that differs, with both values), or "" when
-    both runs measured the same thing (compare.same_measurement)."""
-    if same_measurement(new.run.gpu, new.run.settings, old.run.gpu, old.run.settings):
-        return ""
-    differ = []
-    if old.run.gpu != new.run.gpu:
-        differ.append(f"OLD ran on {old.run.gpu}, NEW on {new.run.gpu}")
-    for key in HISTORY_SETTINGS:
-        theirs, ours = setting(old.run.settings, key), setting(new.run.settings, key)
-        if theirs != ours:
-            differ.append(f"OLD ran {key}={theirs!r}, NEW {key}={ours!r}")
-    return "; ".join(differ) + ": shown, not gated"
+def gating_of(old: RunFile, new: RunFile) -> Gating:
+    """Whether OLD may gate NEW, by the session's rule (bench.gate.compare.gating)."""
+    return gating(new.run.gpu, new.run.settings, old.run.gpu, old.run.settings, run="NEW", baseline="OLD")
 
 
 def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, Any]], *,
@@ -219,20 +211,21 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
     serving test judge a case against their baseline. `history`: OLD and the stored runs
     that tell each case's noise (compare.load_history). Floors and ceilings judge NEW alone
     and count only with `budgets_too`."""
-    reason = gating_reason(old, new)
-    gating = not reason
+    found = gating_of(old, new)
     saved = {b["fullname"]: b.get("extra_info", {}) for b in old.run.benchmarks}
     profile = str(new.run.settings.get("profile", "quick"))
     dataset = str(new.run.settings.get("dataset", "synthetic"))
     epochs = new.run.settings.get("epochs")
+    untimed = time_note(new.run.settings.get("time_gated", True), str(new.run.settings.get("device", "")))
     judged = []
     for case in cases_of(new):
         then = saved.get(case.fullname)
         verdict = judge_record(
             case.info, budget_of(budgets, profile, dataset, case), then=then,
             history=case_history(history, case.fullname) if then is not None else (),
-            baseline=str(old.path), gating=gating, reason=reason if then is not None else "a new case: not in OLD",
-            profile=profile, epochs=epochs, budgets_too=budgets_too,
+            baseline=str(old.path), gating=found.gates,
+            reason=found.reason if then is not None else "a new case: not in OLD",
+            profile=profile, epochs=epochs, budgets_too=budgets_too, time_note=untimed,
         ).verdict
         directions = DIRECTIONS if case.kind == TRAINING else SERVING_DIRECTIONS
         judged.append(Judged(case, verdict, then, deltas(case.info, then, directions) if then is not None else {}))
@@ -245,23 +238,6 @@ def budget_of(budgets: Budgets, profile: str, dataset: str, case: Case) -> Budge
     if case.kind == TRAINING:
         return budgets.resolve(profile, str(record.get("experiment", "")), str(record.get("case", "")), dataset)
     return budgets.resolve_inference(profile, str(record.get("variant", "")), str(record.get("case", "")), dataset)
-
-
-def deltas(now: dict[str, Any], then: dict[str, Any], directions: dict[str, int]) -> dict[str, dict[str, Any]]:
-    """metric -> {old, new, change (relative; None from a zero), worse} for the metrics both
-    records hold."""
-    out = {}
-    for metric, direction in directions.items():
-        new, old = now.get(metric), then.get(metric)
-        if not number(new) or not number(old):
-            continue
-        out[metric] = {"old": old, "new": new, "change": new / old - 1 if old else None,
-                       "worse": (new - old) * direction < 0}
-    return out
-
-
-def number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ------------------------------------------------------------------------ Markdown
@@ -280,9 +256,12 @@ def markdown(old: RunFile, new: RunFile, judged: list[Judged], notes: list[str])
         f"OLD `{old.path}`, NEW `{new.path}`: {len(judged)} case(s) of NEW; "
         + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())),
     ]
-    reason = gating_reason(old, new)
+    found = gating_of(old, new)
+    reason = found.reason
     if reason:
         lines += ["", f"**Not gated**: {reason}."]
+    if found.planted:
+        lines += ["", f"**Planted**: NEW's {planted_note(found, 'OLD')}."]
     training = [item for item in judged if item.case.kind == TRAINING]
     serving = [item for item in judged if item.case.kind == SERVING]
     if training:
@@ -314,10 +293,10 @@ def markdown(old: RunFile, new: RunFile, judged: list[Judged], notes: list[str])
 def cell(item: Judged, metric: str, show: Callable[[float, float | None], str]) -> str:
     """NEW's value, with OLD's and the change where OLD holds the case."""
     new = item.case.info.get(metric)
-    if not number(new):
+    if not is_number(new):
         return "–"
     old = item.old.get(metric) if item.old is not None else None
-    return show(new, old if number(old) else None)
+    return show(new, old if is_number(old) else None)
 
 
 def seconds(new: float, old: float | None) -> str:
@@ -351,7 +330,7 @@ def notes_of(old: RunFile, new: RunFile, judged: list[Judged], budgets: Budgets,
     only, and which budgets were left out."""
     notes = [f"{side.role} is not a whole run: {run_state(side.data).line()}" for side in (old, new)
              if not run_state(side.data).whole]
-    gated = not gating_reason(old, new)
+    gated = gating_of(old, new).gates
     unknown = [item for item in judged if gated and item.verdict.noise is not None and not item.verdict.noise["known"]]
     if unknown:
         notes.append(f"noise unknown for {len(unknown)} case(s): a conservative bound applied "
@@ -395,24 +374,24 @@ def metrics_of(case: Case) -> list[Metric]:
     info, out = case.info, []
     if case.kind == TRAINING:
         median = info.get("median_epoch_s")
-        if number(median):
+        if is_number(median):
             samples = time_samples(info)
             low, high = quartiles(samples) if len(samples) >= 2 else (None, None)
             about = f"IQR of {len(samples)} epochs (each round's first left out)" if low is not None else ""
             out.append(bounded(Metric("median epoch", "median-epoch-s", "s", median), low, high, about))
-        if number(info.get("accuracy")):
+        if is_number(info.get("accuracy")):
             out.append(Metric("accuracy", "accuracy", "fraction", info["accuracy"]))
-        if number(info.get("energy_per_epoch_j")):
+        if is_number(info.get("energy_per_epoch_j")):
             out.append(Metric("energy per epoch", "energy-per-epoch-j", "J", info["energy_per_epoch_j"]))
     else:
         p99 = info.get("latency_p99_s")
-        if number(p99):
-            rounds = [r for r in latency_rounds(info) if number(r)]
+        if is_number(p99):
+            rounds = [r for r in latency_rounds(info) if is_number(r)]
             low, high = (min(rounds), max(rounds)) if rounds else (None, None)
             about = f"min-max of {len(rounds)} rounds' p99" if rounds else ""
             out.append(bounded(Metric("batch-1 p99", "batch1-p99-us", "us", p99 * 1e6), low and low * 1e6,
                                high and high * 1e6, about))
-        if number(info.get("accuracy")):
+        if is_number(info.get("accuracy")):
             out.append(Metric("accuracy", "accuracy", "fraction", info["accuracy"]))
     return out
 

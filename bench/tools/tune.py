@@ -25,6 +25,7 @@ import torch
 
 from kernels import env as loadbench_env
 from kernels.ops import linear_act  # noqa: F401  (registers the op's launch code, which the tuner times)
+from kernels.plan import trials
 from kernels.plan import launches
 from kernels.plan.tuning import DEFAULT_BATCHES
 from kernels.plan.tuning import DEFAULT_WIDTHS
@@ -49,8 +50,8 @@ def print_dry_run(result: dict[str, Any]) -> None:
         ("shapes", "shapes tuned (before: every exact shape; now: one per shape class)"),
         ("candidates", "candidates"),
         ("compiles", "distinct Triton compilations (estimate; now compiled ahead in forked workers)"),
-        ("full", f"full timings ({launches.FULL_TIMING[0]} calls x {launches.FULL_TIMING[1]} replays)"),
-        ("quick", f"quick timings ({launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays)"),
+        ("full", f"full timings ({trials.FULL_TIMING[0]} calls x {trials.FULL_TIMING[1]} replays)"),
+        ("quick", f"quick timings ({trials.QUICK_TIMING[0]} calls x {trials.QUICK_TIMING[1]} replays)"),
         ("executions", "kernel executions while timing"),
     ):
         ratio = f"  ({n[name] / b[name]:.2f}x)" if b[name] else ""

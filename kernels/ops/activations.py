@@ -2,7 +2,7 @@
 
 `activation(z, ACTIVATION, slope)` is act(z) and `activation_grad(dy, saved, ACTIVATION,
 slope, one)` is dZ = dY * act'(.) from the saved output (the saved pre-activation for
-silu), both in fp32. ACTIVATION is the code of `kernels.plan.launch_plan.ACTIVATIONS`
+silu), both in fp32. ACTIVATION is the code of `kernels.plan.launch_plan.ACTIVATION_CODES`
 (0 identity, 1 relu, 2 leaky_relu, 3 tanh, 4 sigmoid, 5 silu); `slope` is leaky_relu's,
 LEAKY_SLOPE unless a caller says otherwise. Both the layer kernels (linear_act.py) and
 the whole-forward kernel (mlp_forward.py) import them from here, so neither imports

@@ -32,7 +32,7 @@ from kernels.ops.activations import activation
 from kernels.ops.activations import activation_grad
 from kernels.runtime import direct_launch
 from kernels.runtime.torch_internals import in_dispatch_mode
-from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import CUBLAS
 from kernels.plan.launch_plan import EPILOGUE_BLOCK
 from kernels.plan.launch_plan import GEMV
@@ -43,7 +43,7 @@ from kernels.plan.launch_plan import CLASS_OF
 from kernels.plan.launch_plan import precision_for
 from kernels.plan.launch_plan import cdiv
 from kernels.plan.launches import plan_for
-from kernels.plan.launches import use_launch_code
+from kernels.plan.trials import use_launch_code
 
 # Re-exported for the op's callers: the strict-fp32 mode the kernels run (bench/plugin
 # reads it; to change it, set kernels.plan.launch_plan.STRICT_FP32) and what ran (README).
@@ -567,10 +567,10 @@ def _autocast_input(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: str = "identity") -> torch.Tensor:
-    """act(x @ w.T + b) through the fused kernels; `activation` is a name in ACTIVATIONS."""
-    code = ACTIVATIONS.get(activation)
+    """act(x @ w.T + b) through the fused kernels; `activation` is a name in ACTIVATION_CODES."""
+    code = ACTIVATION_CODES.get(activation)
     if code is None:
-        raise ValueError(f"activation {activation!r}: expected one of {', '.join(ACTIVATIONS)}")
+        raise ValueError(f"activation {activation!r}: expected one of {', '.join(ACTIVATION_CODES)}")
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or b.shape != (w.shape[0],):
         raise ValueError(f"linear_act: shapes x {tuple(x.shape)}, w {tuple(w.shape)}, b {tuple(b.shape)} do not fit")
     if not _eager(x, w, b):
@@ -604,9 +604,9 @@ def linear_act_stack(
                          f"{len(activations)} activations")
     codes = []
     for i, name in enumerate(activations):
-        code = ACTIVATIONS.get(name)
+        code = ACTIVATION_CODES.get(name)
         if code is None:
-            raise ValueError(f"layer {i}: activation {name!r}: expected one of {', '.join(ACTIVATIONS)}")
+            raise ValueError(f"layer {i}: activation {name!r}: expected one of {', '.join(ACTIVATION_CODES)}")
         codes.append(code)
     if not _eager(x, *weights, *biases):
         return _layer_by_layer(x, weights, biases, activations)

@@ -267,7 +267,7 @@ def usable(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tens
 def fused_forward(
     x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], activations: list[int]
 ) -> torch.Tensor | None:
-    """Y of the layers (activation codes of kernels.launch_plan.ACTIVATIONS) in one
+    """Y of the layers (activation codes of kernels.launch_plan.ACTIVATION_CODES) in one
     launch, in X's dtype; None where it cannot launch now (see the module docstring)
     or where, on a GPU, a layer does not fit one strip per program: then the strips
     would stream W through reduction steps after each hand-over, nothing loaded ahead,

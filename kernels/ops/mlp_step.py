@@ -35,7 +35,7 @@ from kernels.ops.optim import adam_update
 from kernels.ops.optim import constants
 from kernels.ops.optim import rmsprop_update
 from kernels.ops.optim import sgd_update
-from kernels.plan.launch_plan import ACTIVATIONS
+from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import STRICT_FP32
 from kernels.plan.launch_plan import cdiv
 from kernels.plan.launch_plan import next_power_of_2
@@ -870,7 +870,7 @@ class FusedStep:
         self.aligned = all(w % 16 == 0 for w in self.widths[:-1])
         if any(start % 16 for start in spans.values()):
             raise ValueError("FusedStep: the flat buffer's parameters must start 64-byte aligned")
-        self.activation = ACTIVATIONS[activation_name]
+        self.activation = ACTIVATION_CODES[activation_name]
         self.save_z = activation_name == "silu"
         self.dot = DOTS[precision] or STRICT_FP32
         self.rows = batch

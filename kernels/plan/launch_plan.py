@@ -6,7 +6,7 @@
 measured tile holds for: kernel, dtype, dot precision, activation class, shape),
 `make_plan` (a configuration made into a launch's grid and split-K slices), the dot's
 precision per dtype (`precision_for`) and the activation codes the kernels take
-(ACTIVATIONS, CLASS_OF). Which configuration a process launches is decided in
+(ACTIVATION_CODES, CLASS_OF). Which configuration a process launches is decided in
 kernels/plan/launches.py; this module imports neither it nor the ops.
 """
 
@@ -22,9 +22,10 @@ import torch
 
 from kernels import env
 
-# The kernels' ACTIVATION codes (kernels/ops/linear_act.py).
-ACTIVATIONS = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
-SILU = ACTIVATIONS["silu"]
+# Each activation's ACTIVATION code, the branch kernels/ops/activations.py takes: the head's
+# identity, then the names of model.axes.ACTIVATIONS (tests/test_kernels.py holds them alike).
+ACTIVATION_CODES = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
+SILU = ACTIVATION_CODES["silu"]
 
 
 # Fixed tiles of the small helper kernels: memory-bound, so no tuning.
@@ -120,7 +121,7 @@ def _bucket(n: int) -> int:
 # its own class, so this costs no tuning beyond the silu layers.
 ACTIVATION_CLASSES = {"identity": "identity", "silu": "silu"}  # any other: "pointwise"
 TIMED_ACTIVATION = {"identity": "identity", "silu": "silu", "pointwise": "leaky_relu"}
-CLASS_OF = {code: ACTIVATION_CLASSES.get(name, "pointwise") for name, code in ACTIVATIONS.items()}
+CLASS_OF = {code: ACTIVATION_CLASSES.get(name, "pointwise") for name, code in ACTIVATION_CODES.items()}
 # Version of the key below. Tables and cache entries keyed before the precision and
 # the activation class were part of the key (format 1) are not reused.
 KEY_FORMAT = 2
@@ -128,7 +129,7 @@ KEY_FORMAT = 2
 
 def activation_class(activation: int | str) -> str:
     """'identity', 'silu' or 'pointwise' (relu, leaky_relu, tanh, sigmoid)."""
-    return CLASS_OF[ACTIVATIONS[activation] if isinstance(activation, str) else activation]
+    return CLASS_OF[ACTIVATION_CODES[activation] if isinstance(activation, str) else activation]
 
 
 def shape_key(

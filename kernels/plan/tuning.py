@@ -4,7 +4,7 @@ table file (write, read, merge; entries from a first-use tuning cache).
 
 Contract: `tune` needs a CUDA GPU and the op's launch code registered (import
 kernels.ops.linear_act first: `compile_keys` and the tuner run it through
-`launches.op_code`); everything else is pure or reads and writes files only. The
+`trials.op_code`); everything else is pure or reads and writes files only. The
 command line is bench/tools/tune.py.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kernels.plan import launch_plan
+from kernels.plan import trials
 from kernels.plan import launches
 from kernels.plan import tuning_cache
 from kernels.plan.launch_plan import LaunchConfig
@@ -122,9 +123,9 @@ def compile_keys(shape: KernelShape, cfg: LaunchConfig) -> set[tuple]:
 
     m, n, k = shape.mnk
     meta = torch.device("meta")
-    forward, backward, _ = launches.op_code()
-    act = launch_plan.ACTIVATIONS[launch_plan.TIMED_ACTIVATION[shape.act_class]]
-    with launches.forcing(shape.kernel, m, n, k, shape.dtype, cfg):
+    forward, backward, _ = trials.op_code()
+    act = launch_plan.ACTIVATION_CODES[launch_plan.TIMED_ACTIVATION[shape.act_class]]
+    with trials.forcing(shape.kernel, m, n, k, shape.dtype, cfg):
         x = torch.empty((m, k), device=meta, dtype=shape.dtype)
         w, b = (torch.empty(s, device=meta, dtype=launch_plan.param_dtype(shape.dtype)) for s in ((n, k), (n,)))
         if shape.kernel == "fwd":
@@ -151,8 +152,8 @@ def dry_run(shapes: Sequence[KernelShape], sm_count: int) -> dict[str, Any]:
     exact = {(s.kernel, s.rows, s.cols, s.red, s.dtype): s for s in reversed(shapes)}
     before_shapes = [s for s in shapes if exact.get((s.kernel, s.rows, s.cols, s.red, s.dtype)) is s]
     now_shapes = unique_classes(shapes)
-    full_runs = _executions(*launches.FULL_TIMING)
-    quick_runs = _executions(*launches.QUICK_TIMING)
+    full_runs = _executions(*trials.FULL_TIMING)
+    quick_runs = _executions(*trials.QUICK_TIMING)
 
     def count(which: Sequence[KernelShape], prune: bool, halving: bool) -> tuple[dict[str, int], list[dict]]:
         compiles: set[tuple] = set()
@@ -197,11 +198,11 @@ def tune(
     device = torch.device("cuda", torch.cuda.current_device())
 
     def measure(kernel, m, n, k, dtype, cfg, device, activation="leaky_relu", quick=False):  # type: ignore[no-untyped-def]
-        calls, replays = launches.QUICK_TIMING if quick else TABLE_TIMING
-        return launches.time_launch(kernel, m, n, k, dtype, cfg, device, calls, replays, activation=activation)
+        calls, replays = trials.QUICK_TIMING if quick else TABLE_TIMING
+        return trials.time_launch(kernel, m, n, k, dtype, cfg, device, calls, replays, activation=activation)
 
     tuner = launches.Launches(mode="always", cache_dir=cache_dir, tables={}, measure=measure,
-                              prepare=launches.precompile)
+                              prepare=trials.precompile)
     gpu = tuner.model(device)
     for s in unique_classes(shapes):
         tuner.tune(s.kernel, s.rows, s.cols, s.red, s.dtype, device, measure, s.precision, s.act_class)
@@ -226,8 +227,8 @@ def write_table(
         "torch": torch_version,
         "triton": triton_version,
         "timing": timing
-        or f"CUDA-graph replay, median ms per call (launches.replay_ms): every candidate "
-        f"{launches.QUICK_TIMING[0]} calls x {launches.QUICK_TIMING[1]} replays, "
+        or f"CUDA-graph replay, median ms per call (trials.replay_ms): every candidate "
+        f"{trials.QUICK_TIMING[0]} calls x {trials.QUICK_TIMING[1]} replays, "
         f"the fastest {launches.FINALISTS} and the heuristic {TABLE_TIMING[0]} x {TABLE_TIMING[1]}",
         "configs": {key: entry["config"] for key, entry in sorted(measured.items())},
         "evidence": {key: evidence(entry) for key, entry in sorted(measured.items())},
