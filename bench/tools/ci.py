@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from bench.tools.confirm import Confirmation
 from bench.tools.confirm import confirm
 from bench.tools.rows import append_rows
 from bench.tools.rows import gate_row
+from bench.tools.rows import tier_row
 from kernels import env as loadbench_env
 from model.files import write_atomic
 
@@ -306,6 +308,7 @@ def pairing_lines(pairing: Confirmation | None) -> list[str]:
 
 
 def run_job(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     tier, stores = MODES[args.mode]
     stores = stores and not args.no_store
     out: Path = args.out
@@ -370,6 +373,10 @@ def run_job(args: argparse.Namespace) -> int:
         print(summary)
         if run_file is not None and args.rows is not None:
             append_rows(args.rows, [gate_row(read_run(run_file), str(run_file), f"ci {args.mode}")])
+        if run_file is not None and args.tier_rows is not None:
+            # the job's own time: the history pulled, the tier run, its slow cases paired, the run stored
+            append_rows(args.tier_rows, [tier_row(read_run(run_file), f"ci {args.mode}", time.monotonic() - started,
+                                                  str(run_file), "ci: history, tier, paired runs, store")])
         if run_file is not None and not args.no_history:
             history(stored, run_file, out / "report")
         return exit_code
@@ -479,6 +486,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
                         help="append the run's row (card, commit, verdicts, paired runs) to this CSV "
                              "(python -m bench.tools.rows)")
+    parser.add_argument("--tier-rows", type=Path, default=None, metavar="CSV",
+                        help="append the job's wall time, with its card, commit and cases, to this CSV "
+                             "(docs/data/tier-times.csv)")
     parser.add_argument("--no-store", action="store_true",
                         help="gate, but do not store the run (a shard of the nightly tier, merged and stored later)")
     parser.add_argument("--bench", nargs="+", default=["bench/"], metavar="PATH",

@@ -22,8 +22,14 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tabulate import tabulate
+
+from bench.tools.rows import KINDS
+from bench.tools.rows import append_rows
+from bench.tools.rows import measured_here
+from bench.tools.rows import phase_rows
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="any field of kernels/ops/mlp_step.py's Blocks for this run, after the options "
                              "above (repeatable), e.g. k=64, head_k=128, stages=2, copies=0")
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
+                        help="append a row per phase to this CSV (docs/data/step-phases.csv)")
     args = parser.parse_args(argv)
     from kernels import env
 
@@ -186,6 +194,13 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(a CUDA graph of {args.steps} steps, best of five replays)")
     print(tabulate([(p.name, p.work_us, "" if p.barrier_us is None else p.barrier_us) for p in table],
                    headers=["phase", "work us (slowest program)", "barrier us"]))
+    if args.rows is not None:
+        setup = {"precision": args.precision, "depth": args.depth, "width": args.width, "batch": args.batch,
+                 "blocks": str(step.blocks)}
+        command = " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)])  # no file: the command
+        rows = phase_rows(setup, per_step_us, [(p.name, p.work_us, p.barrier_us) for p in table],
+                          measured_here(torch.cuda.get_device_name()), command, f"{step.grid} programs")
+        print(f"appended {append_rows(args.rows, rows, KINDS['step-phases'])} row(s) to {args.rows}")
     return 0
 
 
