@@ -64,9 +64,9 @@ KINDS: dict[str, Kind] = {k.stem: k for k in (
     Kind("loops", "the training loops per precision: epoch and step times, the fused step against torch.compile",
          ("loop", "precision", "config", "epoch_s", "step_us", "against", "ratio")),
     Kind("kernel-cells", "one forward + backward step of the MLP per batch x width x precision x activation: "
-         "eager torch, torch.compile and our kernels, replayed from CUDA graphs",
-         ("precision", "batch", "width", "activation", "torch_graph_us", "compile_graph_us", "ours_graph_us",
-          "best_baseline", "speedup_vs_best")),
+         "eager torch, torch.compile and our kernels, replayed from CUDA graphs on a GPU (mode graph), eager on a CPU",
+         ("precision", "batch", "width", "activation", "mode", "torch_us", "compile_us", "ours_us", "best_baseline",
+          "speedup_vs_best")),
     Kind("step-phases", "the one-launch training step phase by phase: the slowest program's work and the wait "
          "at the barrier after it (bench.tools.step_phases)",
          ("precision", "depth", "width", "batch", "blocks", "step_us", "phase", "work_us", "barrier_us")),
@@ -238,8 +238,9 @@ def cell_rows(result: Mapping[str, Any], where: Mapping[str, str], source: str, 
     rows = []
     for cell in result.get("cells") or []:
         times = cell.get("times_ms") or {}
-        rows.append({**where, **{k: cell[k] for k in ("precision", "batch", "width", "activation")},
-                     **{f"{column}_graph_us": _us(_seconds(times.get(f"{name}_graph_ms")))
+        mode = "graph" if times.get("triton_graph_ms") else "eager"  # the mode the tool compares in
+        rows.append({**where, **{k: cell[k] for k in ("precision", "batch", "width", "activation")}, "mode": mode,
+                     **{f"{column}_us": _us(_seconds(times.get(f"{name}_{mode}_ms")))
                         for column, name in (("torch", "torch"), ("compile", "compile"), ("ours", "triton"))},
                      "best_baseline": cell.get("best_baseline") or "",
                      "speedup_vs_best": _round(cell.get("speedup_vs_best"), 3), "source": source, "note": note})
