@@ -103,22 +103,23 @@ def test_tier_experiment_and_serving_rows_from_a_stored_run(tmp_path: Path) -> N
                                                         "kernel_caches": "cold (emptied for this session)"}
     stored["benchmarks"] = [
         {"extra_info": {"case": "units-128", "experiment": "units", "loop_ran": "graph", "median_epoch_s": 0.123456,
-                        "first_epoch_s": 2.5, "vram_peak_mib": 40.0, "accuracy": 0.9,
+                        "first_epoch_s": 2.5, "vram_peak_mib": 40.0, "accuracy": 0.9, "train_seconds": 7.123,
                         "load": {"normalized": {"gpu_busy": 0.5, "sm_activity": None}}}},
         {"extra_info": {"kind": "inference", "case": "units-128", "variant": "fp16", "impl": "triton",
                         "latency_mode": "graph", "latency_graph_s": {"p50": 20e-6, "p99": 31e-6},
-                        "throughput": {"1": 5e4, "4096": 9.5e7, "64": "n/a"}, "accuracy_drop": 0.001,
-                        "speedup": 1.5}},
+                        "throughput": {"1": 5e4, "4096": 9.5e7, "64": "n/a"}, "accuracy_drop": 0.0004,
+                        "speedup": 1.5, "energy_j_per_1k": 0.00325}},
     ]
-    (tier,) = [tier_row(stored, "ci pr", 147.04, "ci-out/run.json")]
-    assert (tier["command"], tier["tier"], tier["cases"], tier["wall_s"], tier["caches"]) == ("ci pr", "pr", 2,
-                                                                                                147.0, "cold")
+    (tier,) = [tier_row(stored, "ci pr", 147.04, "ci-out/run.json", pytest_s=139.96)]
+    assert (tier["command"], tier["tier"], tier["cases"], tier["pytest_s"], tier["wall_s"], tier["caches"]) == (
+        "ci pr", "pr", 2, 140.0, 147.0, "cold")
     (trained,) = experiment_rows(stored, "r.json")
-    assert (trained["case"], trained["loop"], trained["median_epoch_s"], trained["gpu_busy"],
-            trained["sm_activity"]) == ("units-128", "graph", 0.1235, 0.5, "")
+    assert (trained["case"], trained["profile"], trained["loop"], trained["median_epoch_s"], trained["train_s"],
+            trained["gpu_busy"], trained["sm_activity"]) == ("units-128", "quick", "graph", 0.1235, 7.12, 0.5, "")
     (served,) = serving_rows(stored, "r.json")
     assert (served["p50_us"], served["p99_us"], served["batch"], served["samples_per_s"]) == (20.0, 31.0, "4096",
                                                                                               95000000)
+    assert (served["drop_pts"], served["mj_per_1k"]) == (0.04, 3.25)
     for row, stem in ((tier, "tier-times"), (trained, "experiments"), (served, "serving")):
         filled(row)
         assert append_rows(tmp_path / f"{stem}.csv", [row]) == 1

@@ -338,7 +338,9 @@ def run_job(args: argparse.Namespace) -> int:
         command += pytest_args
         print("mlp-loadbench ci:", " ".join(command), flush=True)
         before = set(find_run_files(args.storage)) if stores and not args.data_repo else set()
+        tier_started = time.monotonic()
         exit_code = subprocess.run(command).returncode
+        pytest_s = time.monotonic() - tier_started
         partial = out / "run.partial.json"
         run_file = run_json if run_json.is_file() else partial if partial.is_file() else None
         failed_tests = junit_failures(junit)
@@ -376,7 +378,8 @@ def run_job(args: argparse.Namespace) -> int:
         if run_file is not None and args.tier_rows is not None:
             # the job's own time: the history pulled, the tier run, its slow cases paired, the run stored
             append_rows(args.tier_rows, [tier_row(read_run(run_file), f"ci {args.mode}", time.monotonic() - started,
-                                                  str(run_file), "ci: history, tier, paired runs, store")])
+                                                  str(run_file), "ci: history, tier, paired runs, store",
+                                                  pytest_s)])
         if run_file is not None and not args.no_history:
             history(stored, run_file, out / "report")
         return exit_code

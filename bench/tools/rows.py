@@ -57,12 +57,13 @@ class Kind:
 
 KINDS: dict[str, Kind] = {k.stem: k for k in (
     Kind("tier-times", "the wall time of a tier or command on one card, from start to exit",
-         ("command", "tier", "cases", "wall_s")),
+         ("command", "tier", "cases", "pytest_s", "wall_s")),
     Kind("experiments", "the study's five experiments: median epoch time and load per configuration and card",
-         ("experiment", "case", "loop", "precision", "median_epoch_s", "first_epoch_s", "gpu_busy", "sm_activity",
-          "vram_peak_mib", "accuracy")),
+         ("experiment", "case", "profile", "loop", "precision", "median_epoch_s", "first_epoch_s", "train_s",
+          "gpu_busy", "sm_activity", "vram_peak_mib", "accuracy")),
     Kind("loops", "the training loops per precision: epoch and step times, the fused step against torch.compile",
-         ("loop", "precision", "config", "epoch_s", "step_us", "against", "ratio")),
+         ("loop", "precision", "config", "epoch_s", "step_us", "first_epoch_s", "against", "against_epoch_s",
+          "ratio")),
     Kind("kernel-cells", "one forward + backward step of the MLP per batch x width x precision x activation: "
          "eager torch, torch.compile and our kernels, replayed from CUDA graphs on a GPU (mode graph), eager on a CPU",
          ("precision", "batch", "width", "activation", "mode", "torch_us", "compile_us", "ours_us", "best_baseline",
@@ -72,13 +73,15 @@ KINDS: dict[str, Kind] = {k.stem: k for k in (
          ("precision", "depth", "width", "batch", "blocks", "step_us", "phase", "work_us", "barrier_us")),
     Kind("serving", "batch-1 latency, throughput and accuracy drop per case, compression variant and "
          "serving implementation",
-         ("case", "variant", "impl", "latency_mode", "p50_us", "p99_us", "batch", "samples_per_s", "accuracy_drop",
-          "speedup")),
+         ("case", "variant", "impl", "latency_mode", "p50_us", "p99_us", "batch", "samples_per_s", "drop_pts",
+          "speedup", "mj_per_1k")),
     Kind("data-parallel", "one training over several GPUs of one host: epoch time and scaling against one GPU",
-         ("gpus", "config", "mode", "epoch_s", "scaling")),
+         ("width", "scaling", "global_batch", "gpus", "loop", "one_gpu_epoch_s", "epoch_s", "speedup", "efficiency",
+          "allreduce_share", "accuracy")),
     Kind("selftest", "the gate's self-test: how often an unchanged run is red (false red) and which planted "
          "slowdowns it catches",
-         ("profile", "plant", "runs", "red", "rate")),
+         ("profile", "case", "runs", "spread_pct", "largest_aa_pct", "between_cards", "false_red", "plant", "caught",
+          "smallest_detectable", "suggested_time_slower_pct")),
     Kind("gate-runs", "one gated run: its verdicts counted and what the paired runs decided",
          ("dirty", "profile", "plant", "run_state", "gate", "cases", "ok", "regressed", "over_budget", "not_gated",
           "not_compared", "no_verdict", "first_run_red", "paired_confirmed", "paired_cleared"),
@@ -178,11 +181,14 @@ def gate_row(run: dict[str, Any], source: str, note: str = "") -> dict[str, Any]
     }
 
 
-def tier_row(run: dict[str, Any], command: str, wall_s: float, source: str, note: str = "") -> dict[str, Any]:
-    """A tier's or command's wall time, from start to exit, with the run it stored."""
+def tier_row(
+    run: dict[str, Any], command: str, wall_s: float, source: str, note: str = "", pytest_s: float | None = None,
+) -> dict[str, Any]:
+    """A tier's or command's wall time, from start to exit (and its pytest session's), with the run it stored."""
     settings = run["machine_info"][RECORD_KEY].get("settings", {})
     return {**common(run), "command": command, "tier": settings.get("tier") or "", "cases": len(run["benchmarks"]),
-            "wall_s": round(wall_s, 1), "source": source, "note": note}
+            "pytest_s": "" if pytest_s is None else round(pytest_s, 1), "wall_s": round(wall_s, 1),
+            "source": source, "note": note}
 
 
 def experiment_rows(run: dict[str, Any], source: str, note: str = "") -> list[dict[str, Any]]:
@@ -195,9 +201,11 @@ def experiment_rows(run: dict[str, Any], source: str, note: str = "") -> list[di
             continue
         load = (info.get("load") or {}).get("normalized") or {}
         rows.append({**common(run), "experiment": info.get(EXPERIMENT, ""), "case": info[CASE],
+                     "profile": info.get("profile") or settings.get("profile") or "",
                      "loop": info.get("loop_ran", ""), "precision": settings.get("precision") or "",
                      **{k: _round(info.get(k)) for k in ("median_epoch_s", "first_epoch_s", "vram_peak_mib",
                                                          "accuracy")},
+                     "train_s": _round(info.get("train_seconds"), 2),
                      "gpu_busy": _round(load.get("gpu_busy")), "sm_activity": _round(load.get("sm_activity")),
                      "source": source, "note": note})
     return rows
@@ -219,9 +227,14 @@ def serving_rows(run: dict[str, Any], source: str, note: str = "") -> list[dict[
                      "impl": info.get("impl", ""), "latency_mode": mode,
                      "p50_us": _us(stats.get("p50")), "p99_us": _us(stats.get("p99")), "batch": batch,
                      "samples_per_s": round(throughput[batch]) if batch != "" else "",
-                     "accuracy_drop": _round(info.get("accuracy_drop")), "speedup": _round(info.get("speedup"), 3),
+                     "drop_pts": _scaled(info.get("accuracy_drop"), 100), "speedup": _round(info.get("speedup"), 3),
+                     "mj_per_1k": _scaled(info.get("energy_j_per_1k"), 1e3),
                      "source": source, "note": note})
     return rows
+
+
+def _scaled(value: Any, factor: float) -> Any:
+    return round(value * factor, 3) if isinstance(value, (int, float)) else ""
 
 
 def _us(seconds: Any) -> Any:
