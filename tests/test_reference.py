@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,23 @@ def test_the_command_writes_the_pages_and_refuses_a_file_for_out(tmp_path: Path,
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "file")])
     assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool", ["reference", "rows", "serving"])
+def test_the_data_tools_start_without_torch_or_pytest(tool: str) -> None:
+    """--help with torch and pytest unimportable: reading the code's tables and the run files needs neither."""
+    blocker = ("import sys, runpy\n"
+               "class Block:\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in ('torch', 'pytest', '_pytest'):\n"
+               "            raise ImportError(f'blocked: {name}')\n"
+               "sys.meta_path.insert(0, Block())\n"
+               f"sys.argv = ['bench.tools.{tool}', '--help']\n"
+               "try:\n"
+               f"    runpy.run_module('bench.tools.{tool}', run_name='__main__')\n"
+               "except SystemExit as exc:\n"
+               "    assert exc.code in (0, None), exc.code\n")
+    done = subprocess.run([sys.executable, "-c", blocker], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
