@@ -131,9 +131,11 @@ def test_cell_and_phase_rows_carry_where_they_were_measured(tmp_path: Path) -> N
     assert where["card"].startswith("CPU ") and where["date"] and where["commit"] != ""
     result = {"cells": [{"precision": "bf16", "batch": 512, "width": 512, "activation": "silu",
                          "times_ms": {"torch_graph_ms": 0.2, "compile_graph_ms": None, "triton_graph_ms": 0.1},
+                         "speedup_graph_vs_torch": 2.0, "speedup_graph_vs_compile": None,
                          "best_baseline": "torch_graph", "speedup_vs_best": 2.0}]}
     (cell,) = cell_rows(result, where, "cells.json")
     assert (cell["mode"], cell["torch_us"], cell["compile_us"], cell["ours_us"]) == ("graph", 200.0, "", 100.0)
+    assert (cell["speedup_vs_torch"], cell["speedup_vs_compile"]) == (2.0, "")
     setup = {"precision": "fp32", "depth": 3, "width": 512, "batch": 512, "blocks": "Blocks(m=16)"}
     phases = phase_rows(setup, 41.234, [("F_0", 3.1, 0.4), ("last", 2.0, None)], where, "python -m x")
     assert [(p["phase"], p["barrier_us"], p["step_us"]) for p in phases] == [("F_0", 0.4, 41.23), ("last", "", 41.23)]

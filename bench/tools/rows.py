@@ -65,9 +65,10 @@ KINDS: dict[str, Kind] = {k.stem: k for k in (
          ("loop", "precision", "config", "epoch_s", "step_us", "first_epoch_s", "against", "against_epoch_s",
           "ratio")),
     Kind("kernel-cells", "one forward + backward step of the MLP per batch x width x precision x activation: "
-         "eager torch, torch.compile and our kernels, replayed from CUDA graphs on a GPU (mode graph), eager on a CPU",
-         ("precision", "batch", "width", "activation", "mode", "torch_us", "compile_us", "ours_us", "best_baseline",
-          "speedup_vs_best")),
+         "eager torch, torch.compile and our kernels, replayed from CUDA graphs on a GPU (mode graph), eager on a CPU; "
+         "a row of several cells gives their geometric mean",
+         ("precision", "batch", "width", "activation", "mode", "torch_us", "compile_us", "ours_us", "speedup_vs_torch",
+          "speedup_vs_compile", "best_baseline", "speedup_vs_best")),
     Kind("step-phases", "the one-launch training step phase by phase: the slowest program's work and the wait "
          "at the barrier after it (bench.tools.step_phases)",
          ("precision", "depth", "width", "batch", "blocks", "step_us", "phase", "work_us", "barrier_us")),
@@ -255,6 +256,8 @@ def cell_rows(result: Mapping[str, Any], where: Mapping[str, str], source: str, 
         rows.append({**where, **{k: cell[k] for k in ("precision", "batch", "width", "activation")}, "mode": mode,
                      **{f"{column}_us": _us(_seconds(times.get(f"{name}_{mode}_ms")))
                         for column, name in (("torch", "torch"), ("compile", "compile"), ("ours", "triton"))},
+                     "speedup_vs_torch": _round(cell.get(f"speedup_{mode}_vs_torch"), 3),
+                     "speedup_vs_compile": _round(cell.get(f"speedup_{mode}_vs_compile"), 3),
                      "best_baseline": cell.get("best_baseline") or "",
                      "speedup_vs_best": _round(cell.get("speedup_vs_best"), 3), "source": source, "note": note})
     return rows
