@@ -15,6 +15,7 @@ from bench.tools.rows import RowsError
 from bench.tools.rows import append_rows
 from bench.tools.rows import cell_rows
 from bench.tools.rows import cpu_name
+from bench.tools.rows import csv_problem
 from bench.tools.rows import experiment_rows
 from bench.tools.rows import gate_row
 from bench.tools.rows import main
@@ -160,5 +161,25 @@ def test_the_command_appends_the_rows_of_the_kind_asked_for(tmp_path: Path, caps
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run()))
     assert main([str(path), "--csv", str(tmp_path / "gate-runs.csv")]) == 0
-    assert main([str(path), "--kind", "serving", "--csv", str(tmp_path / "gate-runs.csv")]) == 2
-    assert "its header is not that of serving" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main([str(path), "--kind", "serving", "--csv", str(tmp_path / "gate-runs.csv")])
+    assert exc.value.code == 2 and "gate-runs.csv: its header is not that of serving" in capsys.readouterr().err
+    assert main([str(path), "--kind", "experiments", "--csv", str(tmp_path / "experiments.csv")]) == 0
+    assert "appended 0 of 0 row(s)" in capsys.readouterr().out  # a run of verdicts only: no training records
+
+
+def test_a_measuring_tool_refuses_an_unusable_csv_before_it_measures(tmp_path: Path, capsys) -> None:
+    from bench.tools import ci
+    from bench.tools import step_phases
+
+    wrong = tmp_path / "other.csv"
+    wrong.write_text("date,card\n")
+    assert csv_problem(tmp_path / "new.csv", KINDS["tier-times"]) is None
+    assert csv_problem(tmp_path, KINDS["tier-times"]) == "is a directory; give the CSV file"
+    for flag, command in (
+        ("--tier-rows", lambda: ci.parse_args(["pr", "--out", str(tmp_path / "out"), "--tier-rows", str(wrong)])),
+        ("--rows", lambda: step_phases.main(["--rows", str(wrong)])),  # before it asks for a GPU
+    ):
+        with pytest.raises(SystemExit) as exc:
+            command()
+        assert exc.value.code == 2 and f"{flag} {wrong}: its header is not" in capsys.readouterr().err

@@ -39,6 +39,7 @@ from bench.tools.rows import KINDS
 from bench.tools.rows import append_rows
 from bench.tools.rows import cell_rows
 from bench.tools.rows import cpu_name
+from bench.tools.rows import csv_problem
 from bench.tools.rows import measured_here
 from kernels import env as loadbench_env
 from kernels.plan import launches
@@ -400,6 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (the interpreter: a smoke run)")
     args = parser.parse_args(argv)
     loadbench_env.check("bench.tools.bench_cells")
+    problem = csv_problem(Path(args.rows), KINDS["kernel-cells"]) if args.rows is not None else None
+    if problem:
+        parser.error(f"--rows {args.rows}: {problem}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench.tools.bench_cells: no CUDA GPU here (--device cpu runs the code path through the interpreter)",

@@ -45,7 +45,9 @@ from bench.gate.runs import setting
 from bench.gate.verdict import Verdict
 from bench.tools.confirm import Confirmation
 from bench.tools.confirm import confirm
+from bench.tools.rows import KINDS
 from bench.tools.rows import append_rows
+from bench.tools.rows import csv_problem
 from bench.tools.rows import gate_row
 from bench.tools.rows import tier_row
 from kernels import env as loadbench_env
@@ -508,6 +510,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         flag = arg.split("=", 1)[0]
         if flag in CONTROLLED:
             parser.error(f"-- {arg}: refused: {CONTROLLED[flag]}")
+    for flag, csv_path, kind in (("--rows", args.rows, "gate-runs"), ("--tier-rows", args.tier_rows, "tier-times")):
+        problem = csv_problem(csv_path, KINDS[kind]) if csv_path is not None else None
+        if problem:
+            parser.error(f"{flag} {csv_path}: {problem}")
     if args.storage.exists() and not args.storage.is_dir():
         parser.error(f"--storage {args.storage}: is a file; give the folder of main's stored runs")
     problem = directory_problem(args.out)

@@ -301,6 +301,22 @@ def kind_of(csv_path: Path) -> Kind:
     return kind
 
 
+def csv_problem(csv_path: Path, kind: Kind) -> str | None:
+    """Why rows of `kind` cannot be appended to `csv_path`, or None: checked before a
+    measurement starts, so a long run never ends on an unusable CSV."""
+    if csv_path.is_dir():
+        return "is a directory; give the CSV file"
+    if not csv_path.is_file() or not csv_path.stat().st_size:
+        return None
+    try:
+        header, _ = read_rows(csv_path)
+    except RowsError as exc:
+        return str(exc).split(": ", 1)[1]
+    if header != kind.fields:
+        return f"its header is not that of {kind.stem} ({', '.join(kind.fields)})"
+    return None
+
+
 def append_rows(csv_path: Path, rows: Sequence[dict[str, Any]], kind: Kind | None = None) -> int:
     """Append the rows not yet in `csv_path` (by the kind's key), with the header for a new
     file; how many were written. `kind`: by default the one the file's stem names, else
@@ -347,8 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="which rows a run gives. Default: %(default)s")
     parser.add_argument("--note", default="", help="what the rows say of how the runs were made")
     args = parser.parse_args(argv)
-    if args.csv.is_dir():
-        parser.error(f"--csv {args.csv}: is a directory; give the CSV file")
+    problem = csv_problem(args.csv, KINDS[args.kind])
+    if problem:
+        parser.error(f"--csv {args.csv}: {problem}")
     rows = []
     for path in args.runs:
         try:
@@ -356,11 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BaselineError as exc:
             print(f"mlp-loadbench rows: {str(exc).replace('baseline ', 'run ', 1)}", file=sys.stderr)
             return 2
-    try:
-        written = append_rows(args.csv, rows, KINDS[args.kind])
-    except RowsError as exc:
-        print(f"mlp-loadbench rows: {exc}", file=sys.stderr)
-        return 2
+    written = append_rows(args.csv, rows, KINDS[args.kind])
     print(f"appended {written} of {len(rows)} row(s) to {args.csv}")
     return 0
 

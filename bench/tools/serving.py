@@ -31,9 +31,9 @@ from bench.gate.record import KIND
 from bench.gate.runs import BaselineError
 from bench.gate.runs import read_run
 from bench.tools.rows import KINDS
-from bench.tools.rows import RowsError
 from bench.tools.rows import append_rows
 from bench.tools.rows import card_of
+from bench.tools.rows import csv_problem
 from bench.tools.rows import serving_rows as record_rows
 from model.axes import SERVING_IMPLS as IMPLS
 
@@ -123,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
                         help="the accuracy drop a best variant may have. Default: %(default)s")
     args = parser.parse_args(argv)
+    problem = csv_problem(args.rows, KINDS["serving"]) if args.rows is not None else None
+    if problem:
+        parser.error(f"--rows {args.rows}: {problem}")
     rows = []
     for path in args.runs:
         try:
@@ -135,11 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(serving_markdown(records, f"{card_of(run['machine_info'])}, {path}", args.max_drop))
         rows += record_rows(run, str(path))
     if args.rows is not None:
-        try:
-            print(f"appended {append_rows(args.rows, rows, KINDS['serving'])} of {len(rows)} row(s) to {args.rows}")
-        except RowsError as exc:
-            print(f"mlp-loadbench serving: {exc}", file=sys.stderr)
-            return 2
+        print(f"appended {append_rows(args.rows, rows, KINDS['serving'])} of {len(rows)} row(s) to {args.rows}")
     return 0
 
 

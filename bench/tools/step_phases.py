@@ -28,6 +28,7 @@ from tabulate import tabulate
 
 from bench.tools.rows import KINDS
 from bench.tools.rows import append_rows
+from bench.tools.rows import csv_problem
 from bench.tools.rows import measured_here
 from bench.tools.rows import phase_rows
 
@@ -120,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
                         help="append a row per phase to this CSV (docs/data/step-phases.csv)")
     args = parser.parse_args(argv)
+    problem = csv_problem(args.rows, KINDS["step-phases"]) if args.rows is not None else None
+    if problem:
+        parser.error(f"--rows {args.rows}: {problem}")
     from kernels import env
 
     env.check(parser.prog)  # before kernels/ops, which keeps LOADBENCH_FUSED_STEP from its import on
