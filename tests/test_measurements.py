@@ -33,12 +33,13 @@ def test_every_csv_in_the_repository_is_a_declared_kind_with_its_columns() -> No
 def test_a_section_per_csv_newest_row_first_with_its_link(tmp_path: Path) -> None:
     data, docs = tmp_path / "docs" / "data", tmp_path / "docs"
     row = {"date": "2026-01-01", "card": "NVIDIA H200", "commit": "abc", "caches": "warm", "command": "pytest bench/",
-           "tier": "pr", "cases": 22, "pytest_s": "", "wall_s": 147.0, "source": "docs/tiers.md", "note": ""}
+           "tier": "pr", "cases": 22, "pytest_s": "", "wall_s": 147.0, "source": "docs/tiers.md", "note": "a | b"}
     append_rows(data / "tier-times.csv", [row, {**row, "date": "2026-02-01", "wall_s": 136.0}])
     assert report_main(["--measurements", str(data), "--out", str(docs)]) == 0
     page = (docs / PAGE).read_text()
     assert "\n## tier-times\n" in page and "[tier-times.csv](data/tier-times.csv)" in page
     assert page.index("136.0") < page.index("147.0")  # newest first
+    assert "a \\| b" in page  # a bar inside a cell does not split it
     assert "\n## serving\n" not in page  # no CSV, no section
 
 

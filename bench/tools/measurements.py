@@ -39,7 +39,8 @@ def section(path: Path, page_dir: Path) -> list[str]:
         raise RowsError(f"{path}: its header is not that of {kind.stem} ({', '.join(kind.fields)})")
     rows.sort(key=lambda row: row["date"], reverse=True)  # ISO dates sort as text; stable within a date
     link = Path(os.path.relpath(path, page_dir)).as_posix()
-    table = tabulate([[row[c] for c in header] for row in rows], headers=list(header), tablefmt="github",
+    cells = [[(row[c] or "").replace("|", "\\|") for c in header] for row in rows]  # a bar would end the cell
+    table = tabulate(cells, headers=list(header), tablefmt="github",
                      disable_numparse=True) if rows else "No rows yet."
     return [f"## {kind.stem}", "", f"{kind.about[0].upper()}{kind.about[1:]}. "
             f"{len(rows)} row(s), newest first; the data: [{path.name}]({link}).", "", table, ""]
