@@ -6,6 +6,7 @@ the gate's decisions do not depend on how busy this machine is."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -83,10 +84,19 @@ def test_ci_gates_a_pull_request_against_mains_stored_runs(project: Path) -> Non
     assert stored[-1].name in summary  # the baseline is main's newest run
     assert len(sorted((project / "main-runs").glob("*/*.json"))) == 3  # a pull request stores nothing
 
-    same = ci(project, "pr", "pr-same", 0.1)
+    tiers, gates = project / "rows" / "tier-times.csv", project / "rows" / "gate-runs.csv"
+    same = ci(project, "pr", "pr-same", 0.1, "--tier-rows", str(tiers), "--rows", str(gates))
     summary = (project / "pr-same" / "summary.md").read_text()
     assert same.returncode == 0, same.stdout + same.stderr
     assert "passed" in summary and "2 ok" in summary and "regressed" not in summary
+    (tier,) = csv.DictReader(tiers.open())
+    (gated,) = csv.DictReader(gates.open())
+    for row in (tier, gated):  # a CPU run names its CPU
+        assert row["card"].startswith("CPU ") and row["date"] and row["commit"] and row["caches"], row
+        assert row["source"] == str(project / "pr-same" / "run.json")
+    assert (tier["command"], tier["tier"], tier["cases"]) == ("ci pr", "pr", "2")
+    assert 0 < float(tier["pytest_s"]) <= float(tier["wall_s"])
+    assert gated["gate"] == "green" and gated["ok"] == "2"
 
 
 @pytest.mark.slow

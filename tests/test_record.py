@@ -12,7 +12,9 @@ import pytest
 from bench.gate.record import CASE_FIELDS
 from bench.gate.record import FORMAT_KEY
 from bench.gate.record import RECORD_FORMAT
+from bench.gate.record import RUN_FIELDS
 from bench.gate.record import SERVING_FIELDS
+from bench.gate.record import SETTINGS_FIELDS
 from bench.gate.record import names
 from bench.gate.record import required
 from bench.gate.runs import BaselineError
@@ -97,7 +99,11 @@ def test_the_plugin_writes_the_format_and_the_declared_case_fields(
     )
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-2000:]
     run = json.loads(out.read_text())
-    assert run["machine_info"]["loadbench"][FORMAT_KEY] == RECORD_FORMAT
+    made = run["machine_info"]["loadbench"]
+    assert made[FORMAT_KEY] == RECORD_FORMAT
+    for fields, written in ((RUN_FIELDS, set(made)), (SETTINGS_FIELDS, set(made["settings"]))):
+        assert required(fields) <= written, sorted(required(fields) - written)
+        assert written <= set(names(fields)), sorted(written - set(names(fields)))
     (bench,) = run["benchmarks"]
     keys = set(bench["extra_info"])
     assert required(CASE_FIELDS) <= keys, sorted(required(CASE_FIELDS) - keys)
@@ -105,3 +111,12 @@ def test_the_plugin_writes_the_format_and_the_declared_case_fields(
     bound = bench["extra_info"]["bound"]  # profiled on this CPU: ops stand in for kernels
     assert bound["device"] == "cpu" and bound["kernels_per_step"] > 0 and bound["step_us"] > 0
     assert bound["nearest"] in ("compute", "memory", "launch")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "docs" / "data" / "runs").glob("*/*.json")), ids=lambda p: p.name)
+def test_the_stored_runs_in_the_repository_hold_only_declared_fields(path: Path) -> None:
+    run = json.loads(path.read_text())
+    made = run["machine_info"]["loadbench"]
+    assert set(made) <= set(names(RUN_FIELDS)) and set(made["settings"]) <= set(names(SETTINGS_FIELDS))
+    for bench in run["benchmarks"]:
+        assert set(bench["extra_info"]) <= set(names(CASE_FIELDS)) | set(names(SERVING_FIELDS)), bench["fullname"]

@@ -237,3 +237,22 @@ def test_the_serving_table_has_a_row_per_configuration_and_names_the_best_varian
     assert none[5] == "none within the limit"
     text = serving_markdown(records, "NVIDIA H100 80GB HBM3, commit 01234567")
     assert text.startswith("# Serving: NVIDIA H100 80GB HBM3") and "12 serving records" in text
+
+
+def test_the_serving_command_prints_the_table_and_appends_a_row_per_record(tmp_path, capsys) -> None:
+    from bench.tools.rows import read_rows
+    from bench.tools.serving import main as serving_main
+
+    rows = tmp_path / "serving.csv"
+    assert serving_main([str(RUN), "--rows", str(rows)]) == 0
+    assert "# Serving: " in capsys.readouterr().out
+    _, written = read_rows(rows)
+    assert len(written) == 12 and {row["source"] for row in written} == {str(RUN)}
+    for row in written:
+        assert row["date"] and row["card"] and row["commit"] and row["caches"]
+    assert serving_main([str(RUN), "--rows", str(rows)]) == 0
+    assert len(read_rows(rows)[1]) == 12  # the same run again adds nothing
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    assert serving_main([str(bad)]) == 2
+    assert capsys.readouterr().err.startswith(f"mlp-loadbench serving: run {bad}")

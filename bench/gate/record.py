@@ -35,6 +35,43 @@ class Field:
     optional: bool = False
 
 
+# machine_info[RECORD_KEY] of a run (bench/plugin/session.py), in the order it is written.
+RUN_FIELDS: tuple[Field, ...] = (
+    Field(FORMAT_KEY, "the run's record format (RECORD_FORMAT when written)"),
+    Field("gpu", "the GPU's name, driver, memory and clocks as NVML reads them; None without a GPU"),
+    Field("cuda", "torch's CUDA version, or None"),
+    Field("torch", "torch's version"),
+    Field("triton", "triton's version, or None"),
+    Field("nvidia_ml_py", "nvidia-ml-py's version, or None"),
+    Field("mlp_loadbench", "this package's version"),
+    Field("settings", "the options the run was made with (SETTINGS_FIELDS)"),
+    Field(RUN_KEY, "how the run ended: state, collected, stored, cut_short (bench.gate.runs.RunState)",
+          optional=True),
+)
+
+# machine_info[RECORD_KEY]["settings"]: what a baseline must share to gate (bench.gate.runs.HISTORY_SETTINGS).
+SETTINGS_FIELDS: tuple[Field, ...] = (
+    Field("profile", "the profile's name (--profile)"),
+    Field("epochs", "the epochs asked for (--epochs), or None: the profile's"),
+    Field("dataset", "'synthetic' or the CSV trained on (--dataset)"),
+    Field("device", "the torch device (--device)"),
+    Field("loop", "the training loop asked for (--loop)"),
+    Field("impl", "the layer implementation (--impl)"),
+    Field("optimizer_impl", "the optimizer implementation (--optimizer-impl)"),
+    Field("precision", "the precision (--precision)"),
+    Field("strict_fp32_kernel", "how our kernels keep fp32 exact (LOADBENCH_STRICT_FP32)"),
+    Field("monitor_period_s", "the load monitor's sampling period, seconds"),
+    Field("shard", "'i/n' of a sharded run, or None"),
+    Field("shard_durations", "the durations file the shards were cut by, or None"),
+    Field("plant", "the --plant-slowdown of a self-test run, or None"),
+    Field("plant_note", "what the planted slowdown does, in words", optional=True),
+    Field("latency_pin", "whether the thread timing batch-1 serving latency was held on one CPU (--latency-pin)"),
+    Field("tier", "the tier run (--tier)"),
+    Field("time_gated", "whether the time gate judged the run (--time-gate)"),
+    Field(KERNEL_CACHES, "Triton's and Inductor's caches at start: 'warm', 'empty' or "
+                         "'cold (emptied for this session)'"),
+)
+
 # A training case's extra_info (bench/plugin/fixture.py), in the order it is written.
 CASE_FIELDS: tuple[Field, ...] = (
     Field("case", "the case id, e.g. 'units-128'"),

@@ -29,11 +29,18 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from bench.tools.rows import KINDS
+from bench.tools.rows import append_rows
+from bench.tools.rows import cell_rows
+from bench.tools.rows import cpu_name
+from bench.tools.rows import csv_problem
+from bench.tools.rows import measured_here
 from kernels import env as loadbench_env
 from kernels.plan import launches
 from kernels.ops import linear_act  # noqa: F401  (the op loads at import, outside any timed first call)
@@ -389,9 +396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=500.0,
                         help="start no configuration or cell after this many seconds")
     parser.add_argument("--json", default="bench_cells.json", help="results, rewritten after every cell")
+    parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
+                        help="append a row per measured cell to this CSV (docs/data/kernel-cells.csv)")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (the interpreter: a smoke run)")
     args = parser.parse_args(argv)
     loadbench_env.check("bench.tools.bench_cells")
+    problem = csv_problem(Path(args.rows), KINDS["kernel-cells"]) if args.rows is not None else None
+    if problem:
+        parser.error(f"--rows {args.rows}: {problem}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench.tools.bench_cells: no CUDA GPU here (--device cpu runs the code path through the interpreter)",
@@ -472,6 +484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in failed:
             print(f"failed: {f['precision']} {f['batch']}x{f['width']} {f['activation']}: {f['error']}")
         print(f"{out['seconds']:.0f} s in all; results in {args.json}")
+        if args.rows is not None:
+            # the tuning cache was emptied first: every tile this run used was tuned in it
+            where = measured_here(name if device.type == "cuda" else cpu_name(), "empty")
+            written = append_rows(args.rows, cell_rows(out, where, args.json, "bench_cells"), KINDS["kernel-cells"])
+            print(f"appended {written} row(s) to {args.rows}")
     finally:
         if temporary:
             shutil.rmtree(cache, ignore_errors=True)

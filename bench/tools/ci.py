@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,8 +46,11 @@ from bench.gate.runs import setting
 from bench.gate.verdict import Verdict
 from bench.tools.confirm import Confirmation
 from bench.tools.confirm import confirm
+from bench.tools.rows import KINDS
 from bench.tools.rows import append_rows
+from bench.tools.rows import csv_problem
 from bench.tools.rows import gate_row
+from bench.tools.rows import tier_row
 from kernels import env as loadbench_env
 from model.files import write_atomic
 
@@ -307,6 +311,7 @@ def pairing_lines(pairing: Confirmation | None) -> list[str]:
 
 
 def run_job(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     tier, stores = MODES[args.mode]
     stores = stores and not args.no_store
     out: Path = args.out
@@ -336,7 +341,9 @@ def run_job(args: argparse.Namespace) -> int:
         command += pytest_args
         print("mlp-loadbench ci:", " ".join(command), flush=True)
         before = set(find_run_files(args.storage)) if stores and not args.data_repo else set()
+        tier_started = time.monotonic()
         exit_code = subprocess.run(command).returncode
+        pytest_s = time.monotonic() - tier_started
         partial = out / "run.partial.json"
         run_file = run_json if run_json.is_file() else partial if partial.is_file() else None
         failed_tests = junit_failures(junit)
@@ -371,6 +378,11 @@ def run_job(args: argparse.Namespace) -> int:
         print(summary)
         if run_file is not None and args.rows is not None:
             append_rows(args.rows, [gate_row(read_run(run_file), str(run_file), f"ci {args.mode}")])
+        if run_file is not None and args.tier_rows is not None:
+            # the job's own time: the history pulled, the tier run, its slow cases paired, the run stored
+            append_rows(args.tier_rows, [tier_row(read_run(run_file), f"ci {args.mode}", time.monotonic() - started,
+                                                  str(run_file), "ci: history, tier, paired runs, store",
+                                                  pytest_s)])
         if run_file is not None and not args.no_history:
             history(stored, run_file, out / "report")
         return exit_code
@@ -480,6 +492,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
                         help="append the run's row (card, commit, verdicts, paired runs) to this CSV "
                              "(python -m bench.tools.rows)")
+    parser.add_argument("--tier-rows", type=Path, default=None, metavar="CSV",
+                        help="append the job's wall time, with its card, commit and cases, to this CSV "
+                             "(docs/data/tier-times.csv)")
     parser.add_argument("--no-store", action="store_true",
                         help="gate, but do not store the run (a shard of the nightly tier, merged and stored later)")
     parser.add_argument("--bench", nargs="+", default=["bench/"], metavar="PATH",
@@ -496,6 +511,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         flag = arg.split("=", 1)[0]
         if flag in CONTROLLED:
             parser.error(f"-- {arg}: refused: {CONTROLLED[flag]}")
+    for flag, csv_path, kind in (("--rows", args.rows, "gate-runs"), ("--tier-rows", args.tier_rows, "tier-times")):
+        problem = csv_problem(csv_path, KINDS[kind]) if csv_path is not None else None
+        if problem:
+            parser.error(f"{flag} {csv_path}: {problem}")
     if args.storage.exists() and not args.storage.is_dir():
         parser.error(f"--storage {args.storage}: is a file; give the folder of main's stored runs")
     problem = directory_problem(args.out)

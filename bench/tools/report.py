@@ -3,6 +3,7 @@
     python -m bench.tools.report                       # every run in .benchmarks
     python -m bench.tools.report --storage DIR --out reports/
     python -m bench.tools.report run1.json run2.json   # given run files
+    python -m bench.tools.report --measurements docs/data --out docs   # docs/measurements.md
 
 Writes into --out ``tables.md``, a resource figure per experiment, ``pareto.png``,
 ``inference.png`` with ``serving.md``, ``search-<study>.png`` per ``--search`` JSON,
@@ -54,6 +55,9 @@ from bench.gate.runs import Run
 from bench.gate.runs import by_gpu
 from bench.gate.runs import find_run_files
 from bench.gate.runs import load_runs
+from bench.tools.measurements import PAGE
+from bench.tools.measurements import measurements_page
+from bench.tools.rows import RowsError
 from bench.tools.serving import serving_markdown
 from model.files import write_atomic
 from bench.monitor.series import read_series
@@ -511,6 +515,24 @@ folder that can be written (one line).
 """
 
 
+def write_measurements(folder: Path, out: Path) -> int:
+    """measurements.md from the CSVs in `folder`, into `out`."""
+    if not folder.is_dir():
+        print(f"mlp-loadbench report: --measurements {folder}: not a folder of CSVs", file=sys.stderr)
+        return 2
+    problem = directory_problem(out)
+    if problem:
+        print(f"mlp-loadbench report: --out {out}: {problem}", file=sys.stderr)
+        return 2
+    try:
+        page = measurements_page(folder, out)
+    except RowsError as exc:
+        print(f"mlp-loadbench report: --measurements {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {write_atomic(out / PAGE, page)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.report", description=__doc__.split("\n\n")[0],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -523,10 +545,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", type=Path, default=DEFAULT_BUDGETS, help="budgets that define a regression")
     parser.add_argument("--search", type=Path, action="append", default=[], metavar="SEARCH.json",
                         help="a search's result (python -m bench.search) for the inference view; repeatable")
+    parser.add_argument("--measurements", type=Path, default=None, metavar="DIR",
+                        help="write only measurements.md into --out: the tables of every CSV of rows in DIR "
+                             "(docs/data; bench/tools/rows.py)")
     parser.add_argument("--serving-commits", type=commit_list, default=(), metavar="SHA[,SHA...]",
                         help="join the serving runs of these commits in inference.png and serving.md "
                              "(default: the newest serving run's commit)")
     args = parser.parse_args(argv)
+    if args.measurements is not None:
+        return write_measurements(args.measurements, args.out)
     paths = list(args.runs) or find_run_files(args.storage)
     if not paths and not args.search:
         print(f"mlp-loadbench report: {NO_RUNS} in {args.storage}: no run files there; {RUN_FIRST}", file=sys.stderr)

@@ -7,17 +7,34 @@ samples/s at the largest batch through eager torch's kernels, the variant x
 implementation with the most samples/s at that batch among those within the accuracy
 limit, its speed-up and accuracy drop, and energy per 1,000 inferences of both.
 Figures the run could not measure are shown as "n/a", never as zero.
+
+    python -m bench.tools.serving RUN.json ... [--rows docs/data/serving.csv]
+
+prints that table for stored runs and appends a row per serving record to --rows.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from bench.cases import study_order
+from bench.gate.record import INFERENCE_KIND
+from bench.gate.record import KIND
+from bench.gate.runs import BaselineError
+from bench.gate.runs import read_run
+from bench.tools.rows import KINDS
+from bench.tools.rows import append_rows
+from bench.tools.rows import card_of
+from bench.tools.rows import csv_problem
+from bench.tools.rows import serving_rows as record_rows
 from model.axes import SERVING_IMPLS as IMPLS
 
 DEFAULT_MAX_DROP = 0.01  # one point of accuracy, the search's default limit
@@ -96,3 +113,34 @@ def serving_markdown(records: Iterable[Mapping[str, Any]], title: str, max_drop:
     table = tabulate(serving_rows(records, max_drop), headers=headers, tablefmt="github", disable_numparse=True)
     lines = [f"# Serving: {title}", "", note, "", table, ""]
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.serving", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN.json")
+    parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
+                        help="append a row per serving record to this CSV (docs/data/serving.csv)")
+    parser.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
+                        help="the accuracy drop a best variant may have. Default: %(default)s")
+    args = parser.parse_args(argv)
+    problem = csv_problem(args.rows, KINDS["serving"]) if args.rows is not None else None
+    if problem:
+        parser.error(f"--rows {args.rows}: {problem}")
+    rows = []
+    for path in args.runs:
+        try:
+            run = read_run(path)
+        except BaselineError as exc:
+            print(f"mlp-loadbench serving: {str(exc).replace('baseline ', 'run ', 1)}", file=sys.stderr)
+            return 2
+        records = [b["extra_info"] for b in run["benchmarks"]
+                   if (b.get("extra_info") or {}).get(KIND) == INFERENCE_KIND]
+        print(serving_markdown(records, f"{card_of(run['machine_info'])}, {path}", args.max_drop))
+        rows += record_rows(run, str(path))
+    if args.rows is not None:
+        print(f"appended {append_rows(args.rows, rows, KINDS['serving'])} of {len(rows)} row(s) to {args.rows}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,18 +20,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from datetime import timezone
 from pathlib import Path
 
 from tabulate import tabulate
 
 from bench.gate.args import file_problem
 from model.files import write_atomic
+from bench.tools.rows import KINDS
+from bench.tools.rows import append_rows
+from bench.tools.rows import csv_problem
+from bench.tools.rows import measured_here
+from bench.tools.rows import phase_rows
 
 
 @dataclass(frozen=True)
@@ -63,17 +65,6 @@ def phases(times: Sequence[Sequence[int]], layers: int) -> list[Phase]:
             left = [row[2 + 2 * b] for row in times]
         out.append(Phase(name, round(work, 2), None if wait is None else round(wait, 2)))
     return out
-
-
-def git_commit() -> str | None:
-    """The checkout's commit, '+dirty' when the tree has changes; None outside git."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return sha + ("+dirty" if dirty else "")
 
 
 def parse_tiles(text: str) -> tuple[int, int]:
@@ -132,9 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write the result (card, versions, blocks, per-step time, phases) as JSON")
+    parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
+                        help="append a row per phase to this CSV (docs/data/step-phases.csv)")
     args = parser.parse_args(argv)
     if args.json is not None and (problem := file_problem(args.json)):
         parser.error(f"--json {args.json}: {problem}")
+    problem = csv_problem(args.rows, KINDS["step-phases"]) if args.rows is not None else None
+    if problem:
+        parser.error(f"--rows {args.rows}: {problem}")
     from kernels import env
 
     env.check(parser.prog)  # before kernels/ops, which keeps LOADBENCH_FUSED_STEP from its import on
@@ -213,14 +209,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         import triton
 
         result = {
-            "tool": "bench.tools.step_phases", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "card": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": git_commit(), "config": {"depth": args.depth, "width": args.width, "batch": args.batch,
+            **measured_here(torch.cuda.get_device_name()), "tool": "bench.tools.step_phases",
+            "torch": torch.__version__, "triton": triton.__version__, "config": {"depth": args.depth, "width": args.width, "batch": args.batch,
                                                "precision": args.precision, "steps": args.steps},
             "grid": step.grid, "blocks": dataclasses.asdict(step.blocks), "per_step_us": round(per_step_us, 2),
             "phases": [dataclasses.asdict(p) for p in table],
         }
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    if args.rows is not None:
+        setup = {"precision": args.precision, "depth": args.depth, "width": args.width, "batch": args.batch,
+                 "blocks": str(step.blocks)}
+        command = " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)])  # no file: the command
+        rows = phase_rows(setup, per_step_us, [(p.name, p.work_us, p.barrier_us) for p in table],
+                          measured_here(torch.cuda.get_device_name()), command, f"{step.grid} programs")
+        print(f"appended {append_rows(args.rows, rows, KINDS['step-phases'])} row(s) to {args.rows}")
     return 0
 
 
