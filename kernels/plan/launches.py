@@ -11,7 +11,7 @@ LOADBENCH_TUNE picks the policy. A kernel whose tuning picked the cuBLAS route k
 its fastest fused finalist for calls no CUDA graph captures ('eager'). Timing and
 compiling ahead run the op's own launch code, which kernels/ops/linear_act.py hands
 over when it loads (`use_launch_code`), so this module does not import the op.
-Design notes and measurements: docs/results-kernels.md.
+Design notes and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -638,7 +638,7 @@ def time_launch(
 
 # Compiling candidates ahead of timing (Triton's AsyncCompileMode) is most of first-use
 # tuning's cost, and more threads do not shorten it: the compiles share the GIL
-# (docs/kernels.md, "Measurements"). So they run in
+# (docs/measurements.md, kernel-cells). So they run in
 # forked worker processes where the machine has the cores (kernels/runtime/compile_pool.py;
 # LOADBENCH_COMPILE_PROCESSES, 0 for threads only), these threads loading what the
 # workers compiled. Bounded so tuning does not swamp a shared host.
