@@ -96,7 +96,7 @@ VARIABLES = (
              "whether impl=triton serves a few-row forward in one fused launch", _choice(("1", "0")), "1"),
     Variable("LOADBENCH_FUSED_STEP", "use auto, 1 (one launch per training step) or 0 (the layer kernels)", "auto",
              "whether impl=triton with optimizer-impl=triton trains through the one-launch fused step "
-             "(auto: on a CUDA GPU, where it was measured faster than the layer kernels; docs/results-mlp-step.md)",
+             "(auto: on a CUDA GPU, where it was measured faster than the layer kernels; docs/fused-step.md)",
              _choice(("auto", "1", "0")), "auto"),
     Variable("LOADBENCH_STRICT_FP32", f"use one of {', '.join(STRICT_FP32_CHOICES)}", "tf32x3",
              "how impl=triton runs fp32 at 'highest' precision: ieee (exact fp32 FMAs) or tf32x3 (three TF32 products)",

@@ -12,7 +12,7 @@ it is not the one asked for, why (``note``).
         --config '{"width": 512, "loop": "graph"}' --out result.json
 
 `launch` runs that command with a timeout and stops every rank if one fails or hangs;
-the teardown and hang handling are described in docs/model.md.
+the teardown and hang handling are described in docs/data-parallel.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ On NCCL, ``loop='graph'`` captures the whole epoch and ``'step-graph'`` one grap
 step; LOADBENCH_DP_GRAPH=0, and gloo on a CPU, run the same step eagerly. A rank must
 destroy its graphs before its process group (`FlatDataParallel.release`): NCCL waits
 for graphs that captured its collectives. Why this loop and what it measured:
-docs/data-parallel.md and docs/model.md.
+docs/data-parallel.md.
 """
 
 from __future__ import annotations

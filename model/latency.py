@@ -83,7 +83,7 @@ def thread_pinned():  # type: ignore[no-untyped-def]
 
     Why: batch-1 calls slower than twice the p50 come in bursts of milliseconds, and one
     burst sets a round's p99; a migration of the timing thread is one cause that pinning
-    removes. On an H100 host it did not lower the p99 (docs/results-h100.md), hence off
+    removes. On an H100 host it did not lower the p99 (docs/measurements.md, serving), hence off
     by default. Linux applies sched_setaffinity(0, ...) to the calling thread only: the
     load monitor's thread and the CUDA driver's threads keep their CPUs."""
     setaffinity = getattr(os, "sched_setaffinity", None)

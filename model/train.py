@@ -10,7 +10,7 @@ say so). ``TrainConfig.optimizer_impl`` picks torch.optim and F.cross_entropy
 
 `Trainer` splits setup, `fit` / `run_epoch` (what a benchmark times) and `evaluate`,
 and reports each epoch through a callback, so a harness can time and show progress
-without the loop knowing about it. Longer notes: docs/model.md.
+without the loop knowing about it. Longer notes: docs/loops.md.
 """
 
 from __future__ import annotations

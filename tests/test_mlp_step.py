@@ -388,7 +388,7 @@ def test_reduction_steps_where_they_were_measured_faster() -> None:
 
 
 def test_transposed_products_and_copies_where_they_were_measured_faster() -> None:
-    """Measured (docs/results-mlp-step.md): at TF32 and bf16, 64-column tiles run every
+    """Measured (docs/fused-step.md): at TF32 and bf16, 64-column tiles run every
     hidden product transposed (wgmma), the backward tiles reading W, A and G from their
     transposed copies; bf16 swaps at any tile. fp32 (3xTF32 splits its operands in
     registers) and the 16 x 32 tiles of TF32 keep neither (slower or even). The

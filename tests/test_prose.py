@@ -84,5 +84,5 @@ def test_the_commit_pattern(text, found):
 
 def test_the_readme_is_short_and_has_contents():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= 250, f"README.md has {len(lines)} lines; results and details belong in docs/"
+    assert len(lines) <= 160, f"README.md has {len(lines)} lines; results and details belong in docs/"
     assert any(line.startswith("**Contents:**") for line in lines[:30])

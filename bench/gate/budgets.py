@@ -11,7 +11,7 @@ Serving has its own ``[inference]`` tables at the same places.
 Each check is a pure function of the case's record returning a `Failure` or None.
 Anything the file says that is not understood (a key, table, experiment, case id or
 profile that does not exist, a value of the wrong type) is a start-up error. The full
-layout: docs/options.md and docs/design-notes.md.
+layout: docs/selftest.md and docs/reference/budgets.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 Trains a random-data MLP through kernels/ops/mlp_step.py, times its steps in replays
 of a CUDA graph, then runs a few with %globaltimer stamps at every grid barrier and prints,
 per phase, the slowest program's work and the wait at the barrier after it, the
-reading behind docs/results-mlp-step.md's per-phase table.
+reading behind docs/fused-step.md and the step-phases rows of docs/measurements.md.
 With counter waits (`--sync flags`) phases overlap: a phase ends at each program's last
 tile of it, and the barrier column reads how far the next phase had already started.
 """

@@ -42,7 +42,7 @@ def activation_grad(dy, saved, ACTIVATION: tl.constexpr, slope, one):
     bias sum (the weight-gradient kernel), a formula of dY, the saved tile and literals
     alone lets Triton recompute dZ from a second read of both tiles instead of converting
     its layout; a kernel argument in it (the slope, or `one`) keeps it computed once
-    (docs/results-kernels.md, "Activation slope")."""
+    (docs/kernels.md, "The activation slope")."""
     if ACTIVATION == 1:
         return tl.where(saved > 0, dy, 0.0 * one)
     elif ACTIVATION == 2:

@@ -9,7 +9,7 @@ backward only scales the stored gradient. A batch of up to ROWS_PER_PROGRAM rows
 program summing in a fixed order (deterministic); larger batches add partial sums
 atomically. Launched from a torch.autograd.Function, not a torch.library op, for host
 time on the eager loop. No class weights, label smoothing or ignore_index: every target
-must be in [0, C). Design notes and measurements: docs/results-kernels.md.
+must be in [0, C). Design notes and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations

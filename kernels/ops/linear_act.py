@@ -12,7 +12,7 @@ Entry points: `linear_act` (one layer) and `linear_act_stack` (the MLP's layers;
 autograd node eagerly, one launch for a gradient-free forward of a few rows through
 mlp_forward). The ops are torch.library triton_ops (torch.compile, CUDA-graph capture,
 TRITON_INTERPRET=1 on CPU); eager calls skip the dispatcher through an autograd.Function
-running the same launch code. Design notes and measurements: docs/results-kernels.md.
+running the same launch code. Design notes and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ must not replay at once on two streams. `usable` says where a forward fits (each
 program's strip of every layer in registers); `fused_forward` runs it, or returns None
 (a first call during capture that needs a new buffer) and the caller goes layer by
 layer. Under the interpreter P = 1, so CPU tests run this same code.
-Design notes and measurements: docs/results-kernels.md.
+Design notes and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def fused_forward(
     launch, in X's dtype; None where it cannot launch now (see the module docstring)
     or where, on a GPU, a layer does not fit one strip per program: then the strips
     would stream W through reduction steps after each hand-over, nothing loaded ahead,
-    slower than layer by layer (docs/kernels.md, "Measurements"). The interpreter (one
+    slower than layer by layer (docs/measurements.md, kernel-cells). The interpreter (one
     program) runs the streamed form. The caller checks `usable` and the shapes."""
     rows, layers = x.shape[0], len(weights)
     widths = [x.shape[1]] + [w.shape[0] for w in weights]

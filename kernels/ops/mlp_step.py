@@ -12,7 +12,7 @@ on P. Parameters, gradients and state are a FlatOptimizer's, so either route con
 the other's run. Under the interpreter P = 1 and every wait passes at once, so CPU tests
 run this code; a wait that polls too long sets a flag `check` raises on, rather than
 hang the device. The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the
-default) where it was measured faster. The math, phases, timings: docs/results-mlp-step.md.
+default) where it was measured faster. The math, phases, timings: docs/fused-step.md.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ HYPERPARAMETERS = ("LR", "WEIGHT_DECAY", "EPS", "BETA1", "BETA2", "LOG2_BETA1", 
 
 
 # Where this step was measured faster than the layer kernels (the five experiments, each
-# axis moved alone; docs/results-mlp-step.md): 'auto' takes it there and nowhere else.
+# axis moved alone; docs/fused-step.md): 'auto' takes it there and nowhere else.
 AUTO_MAX_DEPTH = 5
 AUTO_MAX_WIDTH = 512
 AUTO_MIN_ROWS = 64
 ALL_COPIES = 3  # Blocks.copies: W, A and G transposed (in bf16 at bf16)
 # Blocks.swap: every hidden product transposed, the weight tiles' (4) too since db's rows
-# got their own load (before, they gave different bits run to run; docs/results-mlp-step.md).
+# got their own load (before, they gave different bits run to run; docs/fused-step.md).
 SWAP_CHOSEN = 7
 
 
@@ -274,7 +274,7 @@ def _forward_tile(
                     # read into registers got one shared-memory buffer too few from Triton's
                     # pipeliner (3.6 and 3.9), so a load for a later step overwrote the
                     # buffer while the asynchronous wgmma still read it. ".cv" keeps the
-                    # two loads apart (docs/results-mlp-step.md).
+                    # two loads apart (docs/fused-step.md).
                     rows_x = tl.load(rows[:, None] + (k0 + offs_k)[None, :], cache_modifier=".cv",
                                      mask=(offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < K), other=0.0)
                 copy = (offs_m[:, None] < M) & ((k0 + offs_k)[None, :] < F_PAD)
@@ -778,7 +778,7 @@ def blocks_for(
     64 at a time (`k_forward`) where that was faster, and at TF32 with 16 x 64 tiles the
     backward tiles too (`k`). With 16 x 32 tiles and counter waits the step's tiles are
     dealt out as one sequence (`balance`; not at fp32 and width 256): phase by phase, half
-    the programs had no tile of a 128-tile phase. Measured choices: docs/results-mlp-step.md."""
+    the programs had no tile of a 128-tile phase. Measured choices: docs/fused-step.md."""
     bf16, tf32 = precision == "bf16", precision == "tf32"
     copies = ALL_COPIES if bf16 else 0
     if interpreter:  # the swapped products and copies too, so that CI runs the GPU's choice

@@ -8,7 +8,7 @@ options in DEFAULTS (Adam with L2 decay, not AdamW; SGD momentum without Nestero
 Adagrad; RMSprop, not centered). Step counts live on the device, one per program, so a
 step needs no host read and can be captured in a CUDA graph. Hyperparameters are
 compile-time constants: changing one compiles a new variant.
-Design notes and measurements: docs/results-kernels.md.
+Design notes and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations

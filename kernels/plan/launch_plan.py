@@ -92,7 +92,7 @@ class LaunchConfig:
 
 # Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr
 # functions in recent Triton, a hundred times the arithmetic's cost on the host
-# (docs/kernels.md, "Measurements"), and cdiv sat on the eager path once per layer backward.
+# (docs/measurements.md, kernel-cells), and cdiv sat on the eager path once per layer backward.
 
 
 def cdiv(a: int, b: int) -> int:
@@ -171,7 +171,7 @@ SPLITS = (2, 4, 8, 16)
 # Occupancy rule: where some candidate tile gives at least one program per SM, a
 # candidate giving fewer than this many programs per SM is not timed (a quarter of the
 # SMs or fewer busy). No winner of the format-1 launch table, which timed every
-# candidate, falls under it (docs/kernels.md, "Measurements"; tests/test_tuning_cache.py).
+# candidate, falls under it (docs/measurements.md, kernel-cells; tests/test_tuning_cache.py).
 MIN_PROGRAMS_PER_SM = 0.25
 
 

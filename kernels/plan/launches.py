@@ -11,7 +11,7 @@ LOADBENCH_TUNE picks the policy. A kernel whose tuning picked the cuBLAS route k
 its fastest fused finalist for calls no CUDA graph captures ('eager'). Timing and
 compiling ahead (kernels/plan/trials.py) run the op's own launch code, so this
 module does not import the op.
-Design notes and measurements: docs/results-kernels.md.
+Design notes and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ os._exit; a worker that fails costs only time. A private-API shim: it reads the 
 variables `src`, `target`, `options` of JITFunction._do_compile's closure, only on the
 Triton versions of `versions.triton_internals_fit`; elsewhere, for closures it cannot
 read and without os.fork, compiles run on threads (the public path). Kept for
-first-use tuning (the figure: `ENABLED`; the design: docs/results-kernels.md).
+first-use tuning (the figure: `ENABLED`; the design: docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Callable
 from kernels import env
 from kernels.runtime import versions
 
-# Pays off in first-use tuning against threads (docs/kernels.md, "Measurements").
+# Pays off in first-use tuning against threads (docs/measurements.md, kernel-cells).
 # False: compiles run on threads only (tests switch it off to check that path).
 ENABLED = versions.triton_internals_fit(versions.installed_triton())
 _POOL: _Workers | None = None

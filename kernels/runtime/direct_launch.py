@@ -10,7 +10,7 @@ int's value), so a compiled kernel is never reused where Triton would compile an
 A private-API shim: it runs only on CUDA, outside the interpreter, without a launch
 hook set, and on the Triton versions of `versions.triton_internals_fit`; everything
 else takes the public path every time. Kept for eager training steps through the
-fused op (the figure: `ENABLED`; the design: docs/results-kernels.md).
+fused op (the figure: `ENABLED`; the design: docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - Triton before 3.4: no knobs, another call form
     _knobs = _driver = None
 
-# Pays off on the eager path (docs/kernels.md, "Measurements").
+# Pays off on the eager path (docs/measurements.md, kernel-cells).
 # False: every launch takes Triton's public path (tests switch it off to check that path).
 ENABLED = versions.triton_internals_fit(versions.installed_triton())
 
