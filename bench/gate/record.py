@@ -24,6 +24,11 @@ RECORD_FORMAT = 3
 UNVERSIONED_FORMAT = 1  # what a run without FORMAT_KEY is
 INFERENCE_KIND = "inference"  # extra_info["kind"] of a serving record
 RUN_KEY = "run"  # machine_info[RECORD_KEY][RUN_KEY]: how the run ended (bench.gate.runs.RunState)
+# The extra_info keys the rows and reference tools read by name.
+CASE = "case"
+EXPERIMENT = "experiment"
+KIND = "kind"
+KERNEL_CACHES = "kernel_caches"
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ CASE_FIELDS: tuple[Field, ...] = (
     Field("rss_peak_mib", "the process's resident set peak, MiB"),
     Field("energy_j", "energy over the timed window, joules (None without a counter)"),
     Field("energy_per_epoch_j", "energy per epoch, joules (None without a counter)"),
+    Field("energy_epochs", "the epochs energy_per_epoch_j counts: 'after the first' (the warm-up left out) "
+                           "or 'all'", optional=True),
     Field("throttled", "whether clocks were held down during the window"),
     Field("load", "the load monitor's summary"),
     Field("series_path", "the sample series CSV (None: the run is not stored)"),

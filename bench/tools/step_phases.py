@@ -210,8 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         result = {
             **measured_here(torch.cuda.get_device_name()), "tool": "bench.tools.step_phases",
-            "torch": torch.__version__, "triton": triton.__version__, "config": {"depth": args.depth, "width": args.width, "batch": args.batch,
-                                               "precision": args.precision, "steps": args.steps},
+            "torch": torch.__version__, "triton": triton.__version__,
+            "config": {"depth": args.depth, "width": args.width, "batch": args.batch, "precision": args.precision,
+                       "steps": args.steps},
             "grid": step.grid, "blocks": dataclasses.asdict(step.blocks), "per_step_us": round(per_step_us, 2),
             "phases": [dataclasses.asdict(p) for p in table],
         }
