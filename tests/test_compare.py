@@ -548,3 +548,23 @@ def test_a_run_cut_short_is_named_in_the_summary(stored, tmp_path, budgets, caps
     assert "- NEW is not a whole run: the run was interrupted: it holds 2 finished case(s) of 6 collected" in out
     whole = write_run(tmp_path / "whole.json", 6, cases())
     assert "not a whole run" not in compare(capsys, stored / "0004_old.json", whole, "--budgets", budgets)[1]
+
+
+def timed_call(median_us: float) -> dict:
+    """A kernel cell's record: its calls scatter 0.2% around `median_us`, and the budget that judges it."""
+    calls = [median_us * 1e-6 * (1 + 0.002 * (i % 5 - 2)) for i in range(30)]
+    return {"call_seconds": calls, "median_call_s": median_us * 1e-6,
+            "timed_call": {"experiment": "kernels", "case": "mlp_step-fp32-512x512-leaky_relu"}}
+
+
+def test_timed_calls_are_judged_on_time_like_the_session_judges_them(tmp_path: Path, budgets: Path, capsys) -> None:
+    cell = "bench/test_kernels.py::test_mlp_step[512-512-leaky_relu-fp32]"
+    old = write_run(tmp_path / "old.json", 4, {**cases(), cell: timed_call(180.0)})
+    steady = write_run(tmp_path / "same.json", 5, {**cases(), cell: timed_call(180.5)})
+    slower = write_run(tmp_path / "slower.json", 6, {**cases(), cell: timed_call(240.0)})
+    code, out, _ = compare(capsys, old, steady, "--budgets", budgets)
+    assert code == 0 and "| timed call " in out
+    assert row(out, "test_mlp_step[512-512-leaky_relu-fp32]").rstrip(" |").endswith("ok")
+    code, out, _ = compare(capsys, old, slower, "--budgets", budgets)
+    assert code == 1
+    assert "**regressed**: call_time_ratio" in row(out, "test_mlp_step[512-512-leaky_relu-fp32]")

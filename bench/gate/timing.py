@@ -31,6 +31,8 @@ MIN_NOISE_DOF = 2  # degrees of freedom before a spread counts as known (3 runs,
 DEFAULT_NOISE_K = 3.0
 DEFAULT_UNKNOWN_NOISE_PCT = 25.0
 DEFAULT_ALPHA = 0.01
+MEDIAN_CALL = "median_call_s"
+TIMED_CALL = "timed_call"  # extra_info of a timed call: the experiment and case id whose budget judges it
 CALL_SECONDS = "call_seconds"  # extra_info of a timed call (kernel cell, batch-1 forward): pytest-benchmark's rounds
 
 

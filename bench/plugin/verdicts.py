@@ -23,6 +23,8 @@ from bench.gate.judge import judge
 from bench.gate.runs import case_history
 from bench.gate.timing import CALL_SECONDS
 from bench.gate.timing import CALL_TIME
+from bench.gate.timing import MEDIAN_CALL
+from bench.gate.timing import TIMED_CALL
 from bench.gate.timing import EPOCH_TIME
 from bench.gate.timing import Timed
 
@@ -94,7 +96,8 @@ def judge_calls(session: Any, benchmark: Any, experiment: str, case_id: str, *,
     `experiment` / `case_id` (its time_* keys; no floors apply), and fail the test on a
     broken limit."""
     calls = list(seconds) if seconds is not None else list(benchmark.stats.stats.data)
-    record = {CALL_SECONDS: calls, "median_call_s": statistics.median(calls) if calls else None}
+    record = {CALL_SECONDS: calls, MEDIAN_CALL: statistics.median(calls) if calls else None,
+              TIMED_CALL: {"experiment": experiment, "case": case_id}}
     benchmark.extra_info.update(record)
     return gate(session, benchmark, record, budget_for(session, case_id, experiment=experiment), case_id,
                 timed=CALL_TIME, budgets_too=False, ceilings=ceilings)

@@ -53,6 +53,11 @@ from bench.gate.runs import is_inference
 from bench.gate.runs import load_history
 from bench.gate.runs import read_run
 from bench.gate.runs import unreadable_reason
+from bench.gate.timing import CALL_TIME
+from bench.gate.timing import EPOCH_TIME
+from bench.gate.timing import MEDIAN_CALL
+from bench.gate.timing import TIMED_CALL
+from bench.gate.timing import call_samples
 from bench.gate.timing import latency_rounds
 from bench.gate.timing import time_note
 from bench.gate.timing import time_samples
@@ -65,6 +70,8 @@ from model.files import write_atomic
 PROG = "mlp-loadbench compare"
 TRAINING = "training"
 SERVING = "serving"
+CALLS = "calls"  # a timed call: a kernel cell, a batch-1 forward, the monitor's overhead
+CALL_DIRECTIONS = {MEDIAN_CALL: -1}
 EXPORTS = ("github-action-benchmark", "bencher")
 
 
@@ -159,8 +166,8 @@ def gpu_of(data: dict[str, Any]) -> str:
 
 
 def cases_of(run_file: RunFile) -> list[Case]:
-    """Training cases, then serving records, each in the study's order. Benchmarks of
-    neither kind (the kernel micro-benchmarks) are left out: no budget judges them."""
+    """Training cases, then serving records, each in the study's order, then the timed
+    calls (kernel cells, batch-1 forwards, the monitor's overhead) in the run's order."""
     training = [(b["extra_info"]["case"], b) for b in run_file.run.cases()]
     serving = sorted((b for b in run_file.run.benchmarks if is_inference(b.get("extra_info", {}))),
                      key=lambda b: study_order(str(b["extra_info"].get("case", ""))))
@@ -169,6 +176,10 @@ def cases_of(run_file: RunFile) -> list[Case]:
         info = b["extra_info"]
         label = " ".join(str(info.get(key, "?")) for key in ("case", "variant", "impl"))
         found.append(Case(label, b["fullname"], SERVING, info))
+    kept = {case.fullname for case in found}
+    for b in run_file.run.benchmarks:
+        if b["fullname"] not in kept and call_samples(b.get("extra_info", {})):
+            found.append(Case(str(b.get("name") or b["fullname"]), b["fullname"], CALLS, b["extra_info"]))
     return unique_labels(found, {b["fullname"]: str(b.get("name") or b["fullname"]) for b in run_file.run.benchmarks})
 
 
@@ -225,9 +236,11 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
             history=case_history(history, case.fullname) if then is not None else (),
             baseline=str(old.path), gating=found.gates,
             reason=found.reason if then is not None else "a new case: not in OLD",
-            profile=profile, epochs=epochs, budgets_too=budgets_too, time_note=untimed,
+            profile=profile, epochs=epochs, budgets_too=budgets_too and case.kind != CALLS, time_note=untimed,
+            timed=CALL_TIME if case.kind == CALLS else EPOCH_TIME,
         ).verdict
-        directions = DIRECTIONS if case.kind == TRAINING else SERVING_DIRECTIONS
+        directions = SERVING_DIRECTIONS if case.kind == SERVING else CALL_DIRECTIONS if case.kind == CALLS \
+            else DIRECTIONS
         judged.append(Judged(case, verdict, then, deltas(case.info, then, directions) if then is not None else {}))
     return judged
 
@@ -235,6 +248,9 @@ def judge(old: RunFile, new: RunFile, budgets: Budgets, history: list[dict[str, 
 def budget_of(budgets: Budgets, profile: str, dataset: str, case: Case) -> Budget | InferenceBudget:
     """The limits on a saved record: a training case's budget, or a serving record's."""
     record = case.info
+    if case.kind == CALLS:  # the budget judge_calls gave it: its time_* keys
+        called = record.get(TIMED_CALL) or {}
+        return budgets.resolve(profile, str(called.get("experiment", "")), str(called.get("case", "")), dataset)
     if case.kind == TRAINING:
         return budgets.resolve(profile, str(record.get("experiment", "")), str(record.get("case", "")), dataset)
     return budgets.resolve_inference(profile, str(record.get("variant", "")), str(record.get("case", "")), dataset)
@@ -264,6 +280,7 @@ def markdown(old: RunFile, new: RunFile, judged: list[Judged], notes: list[str])
         lines += ["", f"**Planted**: NEW's {planted_note(found, 'OLD')}."]
     training = [item for item in judged if item.case.kind == TRAINING]
     serving = [item for item in judged if item.case.kind == SERVING]
+    calls = [item for item in judged if item.case.kind == CALLS]
     if training:
         rows = [[item.case.label, cell(item, "median_epoch_s", seconds), cell(item, "accuracy", score),
                  cell(item, "macro_f1", score), verdict_cell(item, reason)] for item in training]
@@ -273,6 +290,9 @@ def markdown(old: RunFile, new: RunFile, judged: list[Judged], notes: list[str])
                  cell(item, "accuracy_drop", score), verdict_cell(item, reason)] for item in serving]
         headers = ["serving", "batch-1 p99", "accuracy", "drop vs fp32", "verdict"]
         lines += ["", tabulate(rows, headers, tablefmt="github")]
+    if calls:
+        rows = [[item.case.label, cell(item, MEDIAN_CALL, microseconds), verdict_cell(item, reason)] for item in calls]
+        lines += ["", tabulate(rows, ["timed call", "median call", "verdict"], tablefmt="github")]
     broken = [item for item in judged if item.verdict.failures]
     if broken:
         regressed = any(item.verdict.status == REGRESSED for item in broken)
