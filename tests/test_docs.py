@@ -17,8 +17,7 @@ DOCS = ROOT / "docs"
 # rules do not apply to them, and a link to one holds once the generator has written it.
 MEASUREMENTS = DOCS / "measurements.md"
 GENERATED = {MEASUREMENTS, *(DOCS / "reference" / name for name in ("records.md", "environment.md", "budgets.md"))}
-STEMS = ("tier-times", "experiments", "loops", "kernel-cells", "step-phases", "serving", "data-parallel", "selftest",
-         "gate-runs")
+STEMS = tuple(sorted(path.stem for path in (DOCS / "data").glob("*.csv")))
 LINK = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(([^()\s]+)\)")
 CODE_SPAN = re.compile(r"(`+).+?\1", re.DOTALL)
 UNIT = r"(?:TFLOP/s|GB/s|MB/s|minutes?|seconds?|hours?|min|ms|us|µs|μs|s|h|W|J)"

@@ -11,6 +11,7 @@ import pytest
 from bench.tools.rows import COLUMNS
 from bench.tools.rows import COMMON
 from bench.tools.rows import KINDS
+from bench.tools.rows import loop_rows
 from bench.tools.rows import RowsError
 from bench.tools.rows import append_rows
 from bench.tools.rows import cell_rows
@@ -80,8 +81,8 @@ def test_every_kind_opens_with_where_and_when_and_closes_with_its_source() -> No
     for kind in KINDS.values():
         assert set(COMMON) <= set(kind.fields) and kind.fields[-2:] == ("source", "note"), kind.stem
         assert len(set(kind.fields)) == len(kind.fields)
-    assert list(KINDS) == ["tier-times", "experiments", "loops", "kernel-cells", "step-phases", "serving",
-                           "data-parallel", "selftest", "gate-runs"]
+    assert list(KINDS) == ["tier-times", "experiments", "loops", "kernel-cells", "step-phases", "step-budget",
+                           "serving", "data-parallel", "selftest", "gate-runs"]
 
 
 def filled(row: dict) -> None:
@@ -183,3 +184,23 @@ def test_a_measuring_tool_refuses_an_unusable_csv_before_it_measures(tmp_path: P
         with pytest.raises(SystemExit) as exc:
             command()
         assert exc.value.code == 2 and f"{flag} {wrong}: its header is not" in capsys.readouterr().err
+
+
+def loop_run(impl: str, median: float) -> dict:
+    config = {"loop": "graph", "impl": impl, "optimizer_impl": "triton" if impl == "triton" else "torch",
+              "precision": "tf32", "depth": 3, "width": 512, "batch_size": 512, "activation": "leaky_relu",
+              "optimizer": "adam", "epochs": 40}
+    info = {"config": config, "median_epoch_s": median, "first_epoch_s": 7.0, "profile": "quick",
+            "dataset": {"train_frames": 81396}, "kernel_caches": "warm", "step_route": "fused-step"}
+    return {"datetime": "2026-11-29T06:31:00+00:00", "commit_info": {"id": "0123456789abcdef"},
+            "machine_info": {"loadbench": {"format": 3, "gpu": {"name": "NVIDIA H200"}, "settings": {}}},
+            "benchmarks": [{"fullname": f"x[{impl}]", "extra_info": info}]}
+
+
+def test_a_loop_row_names_its_step_and_the_compiled_step_beside_it() -> None:
+    rows = loop_rows([(loop_run("compile", 0.0262), "compile.json"), (loop_run("triton", 0.01125), "fused.json")])
+    fused = next(r for r in rows if r["loop"] == "graph/triton/triton")
+    assert fused["step_us"] == round(0.01125 / 159 * 1e6, 1)  # 81396 frames, 512 a step
+    assert fused["against"] == "graph/compile/torch" and fused["ratio"] == round(0.0262 / 0.01125, 3)
+    assert next(r for r in rows if r["loop"] == "graph/compile/torch")["against"] == ""  # not its own peer
+    filled(fused)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
+import math
 import platform
 import subprocess
 import sys
@@ -72,6 +74,11 @@ KINDS: dict[str, Kind] = {k.stem: k for k in (
     Kind("step-phases", "the one-launch training step phase by phase: the slowest program's work and the wait "
          "at the barrier after it (bench.tools.step_phases)",
          ("precision", "depth", "width", "batch", "blocks", "step_us", "phase", "work_us", "barrier_us")),
+    Kind("step-budget", "the one-launch step's phase budget: each phase's tiles, longest reduction chain, "
+         "L2 bytes (a model of the tiling), measured work and its share of the step a goal allows "
+         "(bench.tools.step_budget)",
+         ("precision", "depth", "width", "batch", "phase", "tiles", "chain", "l2_mb", "work_us", "step_us", "epoch_s",
+          "goal_epoch_s", "goal_step_us", "phase_goal_us")),
     Kind("serving", "batch-1 latency, throughput and accuracy drop per case, compression variant and "
          "serving implementation",
          ("case", "variant", "impl", "latency_mode", "p50_us", "p99_us", "batch", "samples_per_s", "drop_pts",
@@ -351,15 +358,66 @@ def append_rows(csv_path: Path, rows: Sequence[dict[str, Any]], kind: Kind | Non
     return len(new)
 
 
+def loop_label(config: Mapping[str, Any]) -> str:
+    """A training route as loop/impl/optimizer_impl, e.g. graph/triton/triton (the fused step)."""
+    return f"{config.get('loop')}/{config.get('impl')}/{config.get('optimizer_impl')}"
+
+
+def loop_rows(runs: Sequence[tuple[dict[str, Any], str]], note: str = "") -> list[dict[str, Any]]:
+    """A row per training record of `runs` ((run, source) pairs): its median epoch and step,
+    against the torch.compile route of the same model, precision and profile among them."""
+    records = [(run, source, b["extra_info"]) for run, source in runs for b in run["benchmarks"]
+               if isinstance(b.get("extra_info", {}).get("median_epoch_s"), (int, float))]
+
+    def shape(info: Mapping[str, Any]) -> tuple[Any, ...]:
+        c = info["config"]
+        return (c.get("precision"), c.get("depth"), c.get("width"), c.get("batch_size"), c.get("activation"),
+                c.get("optimizer"), info.get("profile"))
+
+    compiled = {shape(info): info for _, _, info in records if info["config"].get("impl") == "compile"}
+    rows = []
+    for run, source, info in records:
+        c, frames = info["config"], (info.get("dataset") or {}).get("train_frames")
+        steps = math.ceil(frames / c["batch_size"]) if frames and c.get("batch_size") else None
+        peer = compiled.get(shape(info))
+        against = None if peer is None or peer is info else peer
+        rows.append({
+            **common(run), "caches": str(info.get(KERNEL_CACHES) or "unknown").split()[0],
+            "loop": loop_label(c), "precision": c.get("precision"),
+            "config": f"{c.get('depth')}x{c.get('width')} {c.get('activation')}, {c.get('optimizer')}, "
+                      f"batch {c.get('batch_size')}, {info.get('profile')} profile ({c.get('epochs')} epochs)",
+            "epoch_s": _round(info["median_epoch_s"], 5),
+            "step_us": "" if steps is None else round(info["median_epoch_s"] / steps * 1e6, 1),
+            "first_epoch_s": _round(info.get("first_epoch_s"), 2),
+            "against": "" if against is None else loop_label(against["config"]),
+            "against_epoch_s": "" if against is None else _round(against["median_epoch_s"], 5),
+            "ratio": "" if against is None else round(against["median_epoch_s"] / info["median_epoch_s"], 3),
+            "source": source, "note": "; ".join(x for x in (f"route {info.get('step_route')}", note) if x),
+        })
+    return rows
+
+
+def phase_rows_of(result: Mapping[str, Any], source: str, note: str = "") -> list[dict[str, Any]]:
+    """The step-phases rows of a `python -m bench.tools.step_phases --json` result."""
+    blocks = result["blocks"]
+    setup = {**result["config"], "blocks": " ".join(f"{k}={v}" for k, v in blocks.items())
+             if isinstance(blocks, dict) else blocks}
+    where = {key: result.get(key, "") for key in COMMON}
+    return phase_rows(setup, result["per_step_us"], [(p["name"], p["work_us"], p["barrier_us"])
+                                                     for p in result["phases"]], where, source,
+                      "; ".join(x for x in (f"{result.get('grid')} programs", note) if x))
+
+
 BUILDERS = {"gate-runs": lambda run, source, note: [gate_row(run, source, note)],
             "experiments": experiment_rows, "serving": serving_rows}
+WHOLE = {"loops": loop_rows}  # kinds whose rows read every run at once (a row names its peer in another)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.rows", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN.json")
     parser.add_argument("--csv", type=Path, required=True, metavar="FILE", help="the CSV the rows are appended to")
-    parser.add_argument("--kind", choices=tuple(BUILDERS), default="gate-runs",
+    parser.add_argument("--kind", choices=(*BUILDERS, *WHOLE, "step-phases"), default="gate-runs",
                         help="which rows a run gives. Default: %(default)s")
     parser.add_argument("--note", default="", help="what the rows say of how the runs were made")
     args = parser.parse_args(argv)
@@ -367,12 +425,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         parser.error(f"--csv {args.csv}: {problem}")
     rows = []
-    for path in args.runs:
+    for path in args.runs if args.kind == "step-phases" else ():  # step_phases --json results, not run files
         try:
-            rows += BUILDERS[args.kind](read_run(path), str(path), args.note)
-        except BaselineError as exc:
-            print(f"mlp-loadbench rows: {str(exc).replace('baseline ', 'run ', 1)}", file=sys.stderr)
+            rows += phase_rows_of(json.loads(path.read_text(encoding="utf-8")), str(path), args.note)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"mlp-loadbench rows: {path}: not a step_phases --json result ({exc!r})", file=sys.stderr)
             return 2
+    try:
+        if args.kind in WHOLE:
+            rows = WHOLE[args.kind]([(read_run(path), str(path)) for path in args.runs], args.note)
+        elif args.kind in BUILDERS:
+            for path in args.runs:
+                rows += BUILDERS[args.kind](read_run(path), str(path), args.note)
+    except BaselineError as exc:
+        print(f"mlp-loadbench rows: {str(exc).replace('baseline ', 'run ', 1)}", file=sys.stderr)
+        return 2
     written = append_rows(args.csv, rows, KINDS[args.kind])
     print(f"appended {written} of {len(rows)} row(s) to {args.csv}")
     return 0
