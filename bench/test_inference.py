@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from bench.cases import Case
-from bench.cases import EXPERIMENTS
-from bench.cases import experiment_cases
+from kernels.ground.cases import Case
+from kernels.ground.cases import EXPERIMENTS
+from kernels.ground.cases import experiment_cases
 from bench.gate.record import SERVING_FIELDS
 from bench.gate.record import names
 from bench.plugin.verdicts import fail_on
@@ -31,7 +31,7 @@ from bench.monitor.sampler import GpuProbe
 from bench.monitor.sampler import LoadMonitor
 from bench.plugin import get_session
 from bench.plugin.fixture import LoadBench
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from model.compress import Unsupported
 from model.compress import VARIANTS
 from model.compress import unsupported_reason

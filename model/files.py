@@ -1,30 +1,10 @@
-"""Writing a file so that readers never see half of it.
+"""The old import path of `kernels.ground.files`, the same module object under this name too.
 
-The benchmark storage, the report, the sample series and the trained-model cache are
-read while other processes (shards, parallel runs on other GPUs) may be writing them:
-each file is written under a temporary name of its own beside the target, then renamed
-over it (atomic on one filesystem).
+The ground floor (kernels/ground/) is where it lives; import it from there.
 """
 
-from __future__ import annotations
+import sys
 
-import os
-import tempfile
-from pathlib import Path
+from kernels.ground import files
 
-
-def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Write `data` to `path` through a temporary file and a rename; returns `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    # A temporary name of its own: shards or runs started in the same second may share a folder.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these files are for reading
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+sys.modules[__name__] = files

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.axes import Impl
+from kernels.ground.axes import Impl
 from model.config import ACTIVATIONS
 from model.config import IMPLS
 

@@ -1,20 +1,21 @@
-"""The house rules the layout promises: data flows one way, no import circles, and the
-gate's floor (bench/gate) and the JSON-only tools load neither pytest nor torch.
+"""The house rules the layout promises: data flows one way, no import circles, the ground
+floor imports only the standard library, and the gate's floor (bench/gate) and the JSON-only
+tools load neither pytest nor torch.
 
 The import graph is bench/gate/imports.py's (every import form, lazy ones included);
-its layer table, LAYERS, says which arrows are allowed:
+its layer table, LAYERS, says which arrows are allowed (every layer may import the
+ground floor, kernels.ground, which imports nothing of the project):
 
     layer                  may import
+    kernels.ground         nothing of the project (stdlib only)
     model                  kernels
-    model.axes             nothing of the project (stdlib only)
-    kernels                model
-    bench.cases            nothing of the project
-    bench.gate             bench.cases, model.axes
+    kernels.runtime        -       kernels.plan: kernels.runtime    kernels.ops: both
+    bench.gate             nothing of the project but the ground
     bench.monitor          bench.gate, model, kernels
-    bench.plugin           bench.gate, bench.monitor, bench.cases, model, kernels
-    bench.tools            bench.gate, bench.monitor, bench.cases, model, kernels
-    bench.tools.selftest   the same and bench.plugin (it runs pytest sessions)
-    bench.search           bench.gate, bench.tools.figures, bench.cases, model, kernels
+    bench.figures          model
+    bench.plugin           bench.gate, bench.monitor, model, kernels
+    bench.tools            bench.gate, bench.monitor, bench.figures, model, kernels
+    bench.search           bench.gate, bench.figures, model, kernels
     bench/test_*.py        anything
 """
 
@@ -26,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.gate.imports import GROUND
 from bench.gate.imports import LAYERS
+from bench.gate.imports import OLD_GROUND_PATHS
 from bench.gate.imports import PACKAGES
 from bench.gate.imports import SUITE_PREFIX
 from bench.gate.imports import Graph
@@ -35,7 +38,7 @@ from bench.gate.imports import build_graph
 from bench.gate.imports import cycles
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "pytest", "_pytest")  # what the floor and the JSON-only tools never load
+HEAVY = ("torch", "triton", "pytest", "_pytest")  # what the gate and the JSON-only tools never load
 JSON_TOOLS = ("merge", "compare", "report", "databranch", "ci", "imports")  # history: a library of report
 # Run in a fresh interpreter: any import of HEAVY raises, and the script then checks none was loaded.
 BLOCKER = f"""
@@ -113,7 +116,17 @@ def test_model_and_kernels_never_import_bench_or_pytest(graph: Graph) -> None:
 
 
 def test_no_back_arrows_between_layers(graph: Graph) -> None:
-    assert back_arrows(graph, LAYERS, SUITE_PREFIX) == []
+    assert back_arrows(graph, LAYERS, SUITE_PREFIX, (GROUND, *OLD_GROUND_PATHS)) == []
+
+
+def test_every_layer_may_import_the_ground_but_the_ground_imports_no_layer(tmp_path: Path) -> None:
+    write_package(tmp_path, {"pkg/__init__.py": "", "pkg/ground/__init__.py": "", "pkg/ground/env.py": "",
+                             "pkg/ground/bad.py": "from pkg.high import tool\n",
+                             "pkg/high/__init__.py": "", "pkg/high/tool.py": "from pkg.ground import env\n"})
+    graph = build_graph(tmp_path, ["pkg"])
+    layers = {"pkg.ground": (), "pkg.high": ()}
+    assert back_arrows(graph, layers, ground=("pkg.ground",)) == [("pkg.ground.bad", "pkg.high.tool")]
+    assert back_arrows(graph, layers) == [("pkg.ground.bad", "pkg.high.tool"), ("pkg.high.tool", "pkg.ground.env")]
 
 
 def test_no_import_circles_in_the_project(graph: Graph) -> None:
@@ -143,6 +156,39 @@ def test_the_gate_imports_neither_pytest_nor_torch_when_run(graph: Graph) -> Non
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def ground_modules(graph: Graph) -> list[str]:
+    return sorted(m for m in graph.edges if m == GROUND or m.startswith(GROUND + "."))
+
+
+def test_the_ground_imports_only_the_standard_library_statically(graph: Graph) -> None:
+    modules = ground_modules(graph)
+    assert {"kernels.ground.env", "kernels.ground.axes", "kernels.ground.cases"} <= set(modules)
+    for module in modules:
+        outside = {m for m in graph.edges[module] if not m.startswith(GROUND)}
+        third_party = graph.external[module] - set(sys.stdlib_module_names)
+        assert not outside and not third_party, f"{module} imports {sorted(outside | third_party)}"
+
+
+def test_the_ground_imports_only_the_standard_library_when_run(graph: Graph) -> None:
+    """In a fresh interpreter with HEAVY blocked: every module importing the ground loads
+    is the standard library's, the ground's, or the package it lives in (kernels/__init__.py)."""
+    code = ("import importlib\nbefore = set(sys.modules)\n"
+            + "".join(f"importlib.import_module({m!r})\n" for m in ground_modules(graph))
+            + f"new = sorted(n for n in set(sys.modules) - before if n.split('.')[0] not in sys.stdlib_module_names"
+            f" and n != 'kernels' and not n.startswith({GROUND + '.'!r}) and n != {GROUND!r})\n"
+            "assert not new, new\n")
+    done = blocked_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_old_paths_of_ground_modules_are_the_same_modules() -> None:
+    import importlib
+
+    for old in OLD_GROUND_PATHS:
+        name = old.rsplit(".", 1)[1]
+        assert importlib.import_module(old) is importlib.import_module(f"{GROUND}.{name}"), old
+
+
 @pytest.mark.parametrize("tool", JSON_TOOLS)
 def test_json_only_tools_start_without_torch(tool: str) -> None:
     """--help runs with torch and pytest unimportable: the tool's start loads neither."""
@@ -156,7 +202,8 @@ def test_json_only_tools_start_without_torch(tool: str) -> None:
 
 def test_bench_folder_shows_the_suite_apart_from_the_harness() -> None:
     top = sorted(p.name for p in (ROOT / "bench").iterdir() if not p.name.startswith(("_", ".")))
-    harness = {"gate", "plugin", "monitor", "tools", "search"}
+    harness = {"gate", "plugin", "monitor", "figures", "tools", "search"}
     assert harness <= set(top)
     suite = [name for name in top if name not in harness]
-    assert all(name.startswith("test_") or name in ("cases.py", "budgets.toml") for name in suite), suite
+    assert all(name.startswith("test_") or name == "budgets.toml" for name in suite), suite
+

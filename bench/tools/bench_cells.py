@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from kernels.plan import launches
 from kernels.ops import linear_act  # noqa: F401  (the op loads at import, outside any timed first call)
 from kernels.plan.tuning_cache import FILE_NAME

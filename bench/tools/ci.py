@@ -29,7 +29,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.gate.args import directory_problem
+from kernels.ground.args import directory_problem
 from bench.gate.record import RECORD_KEY
 from bench.gate.record import RUN_KEY
 from bench.gate.runs import COMPLETE
@@ -46,8 +46,8 @@ from bench.tools.confirm import Confirmation
 from bench.tools.confirm import confirm
 from bench.tools.rows import append_rows
 from bench.tools.rows import gate_row
-from kernels import env as loadbench_env
-from model.files import write_atomic
+from kernels.ground import env as loadbench_env
+from kernels.ground.files import write_atomic
 
 MODES = {  # mode: (tier, whether the run is stored as main's newest)
     "pr": ("pr", False),

@@ -15,7 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.gate.imports import GROUND
 from bench.gate.imports import LAYERS
+from bench.gate.imports import OLD_GROUND_PATHS
 from bench.gate.imports import PACKAGES
 from bench.gate.imports import SUITE_PREFIX
 from bench.gate.imports import back_arrows
@@ -35,7 +37,7 @@ def render(root: Path, problems_only: bool = False) -> tuple[list[str], bool]:
             lines.append(module + (f" -> {', '.join(targets)}" if targets else ""))
         lines.append("")
     circles = cycles(graph)
-    backs = back_arrows(graph, LAYERS, SUITE_PREFIX)
+    backs = back_arrows(graph, LAYERS, SUITE_PREFIX, (GROUND, *OLD_GROUND_PATHS))
     lines.append(f"import circles: {len(circles)}")
     lines += [f"  {' -> '.join(circle)}" for circle in circles]
     lines.append(f"back-arrows: {len(backs)}")

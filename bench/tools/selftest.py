@@ -39,6 +39,7 @@ from bench.gate.budgets import Budgets
 from bench.gate.timing import DEFAULT_NOISE_K
 from bench.gate.runs import HISTORY_SETTINGS
 from bench.gate.runs import MAX_HISTORY
+from bench.gate.runs import PARTIAL_SUFFIX
 from bench.gate.timing import MIN_NOISE_DOF
 from bench.gate.record import RECORD_KEY
 from bench.gate.runs import BaselineError
@@ -49,10 +50,9 @@ from bench.gate.runs import read_run
 from bench.gate.timing import time_limit
 from bench.gate.timing import time_samples
 from bench.gate.profiles import DEFAULT_BUDGETS
-from bench.gate.args import parse_seconds
-from bench.plugin.partial import SUFFIX as PARTIAL_SUFFIX
-from kernels import env as loadbench_env
-from model.files import write_atomic
+from kernels.ground.args import parse_seconds
+from kernels.ground import env as loadbench_env
+from kernels.ground.files import write_atomic
 
 FORMULA = (
     "suggested time_slower_pct = max(1.0, k x spread, 1.5 x largest A/A change) in percent, "
@@ -517,7 +517,7 @@ def toml_string(value: str) -> str:
 
 def suggested_toml(campaign: Campaign, results: Sequence[CaseResult]) -> str:
     """The suggestions in the budgets file's own format: one table per case id."""
-    from bench.cases import CASE_IDS  # the ids Budgets.load accepts
+    from kernels.ground.cases import CASE_IDS  # the ids Budgets.load accepts
 
     profile = settings(campaign.aa_runs[0]).get("profile", "smoke")
     lines = [
@@ -535,7 +535,8 @@ def suggested_toml(campaign: Campaign, results: Sequence[CaseResult]) -> str:
         header = f"[profiles.{profile}.cases.{toml_string(case_id)}]"
         known = [r.suggested_pct for r in group if r.suggested_pct is not None]
         if case_id not in CASE_IDS:
-            lines += [f"# {header}: {case_id!r} is not a case id of bench/cases.py; not written ({evidence})", ""]
+            lines += [f"# {header}: {case_id!r} is not a case id of kernels/ground/cases.py; not written "
+                      f"({evidence})", ""]
         elif len(known) < len(group):
             lines += [f"# {header}: no suggestion: spread unknown with fewer than {MIN_NOISE_DOF + 1} A/A runs "
                       f"({evidence})", ""]

@@ -17,8 +17,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.cases import study_order
-from model.axes import SERVING_IMPLS as IMPLS
+from kernels.ground.cases import study_order
+from kernels.ground.axes import SERVING_IMPLS as IMPLS
 
 DEFAULT_MAX_DROP = 0.01  # one point of accuracy, the search's default limit
 

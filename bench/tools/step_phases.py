@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "above (repeatable), e.g. k=64, head_k=128, stages=2, copies=0")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args(argv)
-    from kernels import env
+    from kernels.ground import env
 
     env.check(parser.prog)  # before kernels/ops, which keeps LOADBENCH_FUSED_STEP from its import on
     from kernels.ops.mlp_step import Blocks

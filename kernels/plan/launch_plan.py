@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kernels import env
+from kernels.ground import env
 
 # The kernels' ACTIVATION codes (kernels/ops/linear_act.py).
 ACTIVATIONS = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
