@@ -1,6 +1,6 @@
 """The house rules the layout promises: data flows one way, no import circles, the ground
 floor imports only the standard library, and the gate's floor (bench/gate) and the JSON-only
-tools load neither pytest nor torch.
+tools load neither pytest nor torch; the reading tools install without torch.
 
 The import graph is bench/gate/imports.py's (every import form, lazy ones included);
 its layer table, LAYERS, says which arrows are allowed (every layer may import the
@@ -40,6 +40,9 @@ from bench.gate.imports import cycles
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "triton", "pytest", "_pytest")  # what the gate and the JSON-only tools never load
 JSON_TOOLS = ("merge", "compare", "report", "databranch", "ci", "imports")  # history: a library of report
+# What requirements-read.txt installs without torch: these tools and what they import.
+READING_TOOLS = ("report", "compare", "merge", "databranch", "history", "rows")
+READ_REQUIREMENTS = ROOT / "requirements-read.txt"
 # Run in a fresh interpreter: any import of HEAVY raises, and the script then checks none was loaded.
 BLOCKER = f"""
 import sys
@@ -207,3 +210,75 @@ def test_bench_folder_shows_the_suite_apart_from_the_harness() -> None:
     suite = [name for name in top if name not in harness]
     assert all(name.startswith("test_") or name == "budgets.toml" for name in suite), suite
 
+
+# ------------------------------------------------------------------------ the reading tools' install
+
+
+def reached(graph: Graph, start: str) -> set[str]:
+    """`start` and every project module it imports, directly or not."""
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph.edges[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_reading_tools_load_neither_torch_nor_triton(graph: Graph) -> None:
+    """From the source (lazy imports too), and when every one is imported in a fresh interpreter."""
+    modules = [f"bench.tools.{tool}" for tool in READING_TOOLS]
+    for module in modules:
+        heavy = {m: sorted(graph.external[m] & set(HEAVY)) for m in reached(graph, module)
+                 if graph.external[m] & set(HEAVY)}
+        assert not heavy, f"{module} reaches {heavy}"
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    code += f"loaded = sorted(n for n in sys.modules if n.split('.')[0] in {HEAVY!r})\nassert not loaded, loaded\n"
+    done = blocked_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def read_requirements() -> dict[str, str]:
+    """requirements-read.txt as {distribution name: the requirement as packaging writes it}."""
+    from packaging.requirements import Requirement
+
+    lines = [line.split("#")[0].strip() for line in READ_REQUIREMENTS.read_text().splitlines()]
+    return {canonical(Requirement(line).name): str(Requirement(line)) for line in lines if line}
+
+
+def canonical(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def test_the_read_install_names_exactly_what_the_reading_tools_import(graph: Graph) -> None:
+    """Every third-party module the reading tools reach (lazy imports too) comes from a
+    distribution the file lists, and the file lists nothing they do not import."""
+    from importlib.metadata import packages_distributions
+
+    providers = packages_distributions()
+    needed: dict[str, set[str]] = {}
+    for tool in READING_TOOLS:
+        for module in reached(graph, f"bench.tools.{tool}"):
+            for name in graph.external[module] - set(sys.stdlib_module_names):
+                for dist in providers.get(name, [name]):  # not installed here (tomli on 3.11): its own name
+                    needed.setdefault(canonical(dist), set()).add(module)
+    listed = read_requirements()
+    missing = {dist: sorted(users) for dist, users in needed.items() if dist not in listed}
+    assert not missing, f"requirements-read.txt lacks what these modules import: {missing}"
+    assert set(listed) <= set(needed), f"requirements-read.txt lists unused {sorted(set(listed) - set(needed))}"
+
+
+def test_the_read_install_has_the_bounds_of_pyproject() -> None:
+    from packaging.requirements import Requirement
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    bounds: dict[str, set[str]] = {}
+    for line in declared:
+        requirement = Requirement(line)
+        bounds.setdefault(canonical(requirement.name), set()).add(str(requirement))
+    for dist, requirement in read_requirements().items():
+        assert bounds.get(dist) == {requirement}, f"{dist}: {requirement} here, {bounds.get(dist)} in pyproject.toml"
