@@ -9,7 +9,9 @@ ground floor, kernels.ground, which imports nothing of the project):
     layer                  may import
     kernels.ground         nothing of the project (stdlib only)
     model                  kernels
-    kernels.runtime        -       kernels.plan: kernels.runtime    kernels.ops: both
+    kernels.runtime        nothing of the project but the ground
+    kernels.plan           kernels.runtime
+    kernels.ops            kernels.runtime, kernels.plan
     bench.gate             nothing of the project but the ground
     bench.monitor          bench.gate, model, kernels
     bench.figures          model
