@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cases import case_ids
-from bench.cases import experiment_cases
+from kernels.ground.cases import case_ids
+from kernels.ground.cases import experiment_cases
 from bench.plugin import get_session
 
 # A value off the optimum per experiment, the cheapest that still varies its axis, and

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cases import Case
-from bench.cases import EXPERIMENTS
-from bench.cases import experiment_cases
+from kernels.ground.cases import Case
+from kernels.ground.cases import EXPERIMENTS
+from kernels.ground.cases import experiment_cases
 from bench.plugin import get_session
 from bench.plugin.serving import serve
-from model.axes import SERVING_IMPLS
+from kernels.ground.axes import SERVING_IMPLS
 from model.compress import VARIANTS
 
 # On a GPU the whole matrix is 22 cases x 9 variants x 3 implementations, about 5 s each at

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from bench.plugin.verdicts import judge_calls
-from model.axes import ACTIVATIONS
+from kernels.ground.axes import ACTIVATIONS
 from model.mlp import MLP
 from model.train import precision_mode
 

@@ -7,9 +7,9 @@ model's FLOPs at the card's measured matmul ceiling).
 
 import pytest
 
-from bench.cases import Case
-from bench.cases import case_ids
-from bench.cases import loop_cases
+from kernels.ground.cases import Case
+from kernels.ground.cases import case_ids
+from kernels.ground.cases import loop_cases
 
 
 # Triton's CPU interpreter runs a 512-wide step in about 20 s, and Inductor compiles

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from model.axes import VARIANT_NAMES
+from kernels.ground.axes import VARIANT_NAMES
 from model.config import TrainConfig
 from model.data import Dataset
 from model.train import Trainer
@@ -111,7 +111,7 @@ VARIANTS: dict[str, Compression] = {
     "prune-75": Compression(sparsity=0.75, finetune_epochs=FINETUNE_EPOCHS),
     "prune-90": Compression(sparsity=0.9, finetune_epochs=FINETUNE_EPOCHS),
 }
-assert tuple(VARIANTS) == VARIANT_NAMES, "model/axes.py VARIANT_NAMES lists the presets in this order"
+assert tuple(VARIANTS) == VARIANT_NAMES, "kernels/ground/axes.py VARIANT_NAMES lists the presets in this order"
 
 
 class Served(nn.Module):

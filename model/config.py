@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from model.axes import ACTIVATIONS
-from model.axes import IMPLS
-from model.axes import LOOPS
-from model.axes import OPTIMIZER_IMPLS
-from model.axes import PRECISIONS
+from kernels.ground.axes import ACTIVATIONS
+from kernels.ground.axes import IMPLS
+from kernels.ground.axes import LOOPS
+from kernels.ground.axes import OPTIMIZER_IMPLS
+from kernels.ground.axes import PRECISIONS
 
 OPTIMIZERS = ("adagrad", "rmsprop", "sgd", "adam")
 

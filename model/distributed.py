@@ -42,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile
 
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from model.config import TrainConfig
 from model.data import Dataset
 from model.data import load_dataset

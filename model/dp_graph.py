@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from model.config import TrainConfig
 from model.data import Dataset
 from model.graph_loop import GraphEpoch

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from model.axes import SERVING_IMPLS
-from model.axes import Impl
+from kernels.ground.axes import SERVING_IMPLS
+from kernels.ground.axes import Impl
 from model.compress import Compression
 from model.compress import compress
 from model.config import TrainConfig

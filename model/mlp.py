@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.axes import Impl
-from model.axes import ACTIVATIONS
+from kernels.ground.axes import Impl
+from kernels.ground.axes import ACTIVATIONS
 from model.config import IMPLS
 
 LEAKY_SLOPE = 0.01  # torch's default, and the kernel's

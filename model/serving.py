@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from model.axes import Impl
+from kernels.ground.axes import Impl
 from model.compress import Unsupported
 from model.mlp import MLP
 from model.train import precision_mode

@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torch.utils.data import TensorDataset
 
-from model.axes import Impl
-from model.axes import Loop
-from model.axes import OptimizerImpl
-from model.axes import Precision
+from kernels.ground.axes import Impl
+from kernels.ground.axes import Loop
+from kernels.ground.axes import OptimizerImpl
+from kernels.ground.axes import Precision
 from model.config import TrainConfig
 from model.data import Dataset
 from model.graph_loop import GraphEpoch

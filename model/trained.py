@@ -18,7 +18,7 @@ import torch
 
 from model.config import TrainConfig
 from model.data import Dataset
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 from model.mlp import MLP
 from model.train import Trainer
 

@@ -36,7 +36,8 @@ CONFTEST = 'pytest_plugins = ["bench.plugin"]\n'
 DELAY = ("import itertools\n\nEPOCH_SECONDS = {seconds}\n_ticks = itertools.count()\n\n\n"
          "def clock():\n    return next(_ticks) * EPOCH_SECONDS\n")
 
-CASE = "from bench.cases import Case\n\ndef test_units(loadbench):\n    loadbench.run(Case('units', 128), width=16)\n"
+CASE = ("from kernels.ground.cases import Case\n\n"
+        "def test_units(loadbench):\n    loadbench.run(Case('units', 128), width=16)\n")
 
 # A slow commit makes epochs 3x slower: far beyond a 50% limit, significant over 7 vs 7
 # epochs; equal epochs are a ratio of 1.

@@ -95,7 +95,7 @@ def bound_record(case: str, nearest_launch: bool = False) -> dict:
 
 
 def test_a_step_point_recovers_intensity_and_rate_from_the_floors() -> None:
-    from bench.tools.figures import step_point
+    from bench.figures.training import step_point
 
     intensity, tflops = step_point(bound_record("blocks-3")["bound"])
     # 50 us at 1 TFLOP/s is 5e7 FLOP; 10 us at 1 GB/s is 1e4 bytes; 5e7 FLOP in 100 us is 0.5 TFLOP/s
@@ -103,7 +103,7 @@ def test_a_step_point_recovers_intensity_and_rate_from_the_floors() -> None:
 
 
 def test_the_roofline_draws_each_bounded_case_and_says_when_there_is_none() -> None:
-    from bench.tools.figures import roofline_figure
+    from bench.figures.training import roofline_figure
 
     fig = roofline_figure([bound_record("blocks-3"), bound_record("loop-graph", nearest_launch=True),
                            {"case": "units-128", "bound": None}])
@@ -204,7 +204,7 @@ def test_a_cases_bound_reads_the_ceiling_of_its_own_precision(inprocess_ready: N
     from model.data import write_csv
 
     pytester.makeconftest(PLANTED_CEILINGS)
-    pytester.makepyfile(test_case="from bench.cases import Case\n\ndef test_small(loadbench):\n"
+    pytester.makepyfile(test_case="from kernels.ground.cases import Case\n\ndef test_small(loadbench):\n"
                                   "    loadbench.run(Case('blocks', 2), width=16)\n")
     data = write_csv(synthesize(scale=0.02), pytester.path / "tiny.csv")
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--device=cpu", "--profile=smoke", "--epochs=2",

@@ -538,7 +538,7 @@ def test_bad_shard_is_a_usage_error(pytester, value, message) -> None:
 
 
 CASES = """
-from bench.cases import Case
+from kernels.ground.cases import Case
 import pytest
 
 @pytest.mark.parametrize("case", [Case("units", 128), Case("units", 256), Case("opt", "sgd")], ids=lambda c: c.id)

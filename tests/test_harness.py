@@ -19,7 +19,7 @@ from model.data import synthesize
 from model.data import write_csv
 
 CASES = """
-from bench.cases import Case
+from kernels.ground.cases import Case
 
 def test_small(loadbench):
     loadbench.run(Case("blocks", 2), width=32)
@@ -664,7 +664,7 @@ def test_the_partial_file_is_written_after_each_finished_case_and_waits_only_aft
 
 
 THREE_CASES = """
-from bench.cases import Case
+from kernels.ground.cases import Case
 
 def test_small(loadbench):
     loadbench.run(Case("blocks", 2), width=32)

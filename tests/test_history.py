@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from bench.cases import all_cases
-from bench.cases import study_order
+from kernels.ground.cases import all_cases
+from kernels.ground.cases import study_order
 from bench.gate.budgets import Budgets
 from bench.tools.history import METRICS
 from bench.tools.history import metric_figure

@@ -18,7 +18,7 @@ from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import LaunchConfig
 from kernels.plan.launches import launch_config
 from kernels.ops.linear_act import linear_act
-from model.axes import ACTIVATIONS
+from kernels.ground.axes import ACTIVATIONS
 from model.mlp import MLP
 
 CUDA = torch.cuda.is_available()

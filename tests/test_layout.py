@@ -1,20 +1,23 @@
-"""The house rules the layout promises: data flows one way, no import circles, and the
-gate's floor (bench/gate) and the JSON-only tools load neither pytest nor torch.
+"""The house rules the layout promises: data flows one way, no import circles, the ground
+floor imports only the standard library, and the gate's floor (bench/gate) and the JSON-only
+tools load neither pytest nor torch; the reading tools install without torch.
 
 The import graph is bench/gate/imports.py's (every import form, lazy ones included);
-its layer table, LAYERS, says which arrows are allowed:
+its layer table, LAYERS, says which arrows are allowed (every layer may import the
+ground floor, kernels.ground, which imports nothing of the project):
 
     layer                  may import
+    kernels.ground         nothing of the project (stdlib only)
     model                  kernels
-    model.axes             nothing of the project (stdlib only)
-    kernels                model
-    bench.cases            nothing of the project
-    bench.gate             bench.cases, model.axes
+    kernels.runtime        nothing of the project but the ground
+    kernels.plan           kernels.runtime
+    kernels.ops            kernels.runtime, kernels.plan
+    bench.gate             nothing of the project but the ground
     bench.monitor          bench.gate, model, kernels
-    bench.plugin           bench.gate, bench.monitor, bench.cases, model, kernels
-    bench.tools            bench.gate, bench.monitor, bench.cases, model, kernels
-    bench.tools.selftest   the same and bench.plugin (it runs pytest sessions)
-    bench.search           bench.gate, bench.tools.figures, bench.cases, model, kernels
+    bench.figures          model
+    bench.plugin           bench.gate, bench.monitor, model, kernels
+    bench.tools            bench.gate, bench.monitor, bench.figures, model, kernels
+    bench.search           bench.gate, bench.figures, model, kernels
     bench/test_*.py        anything
 """
 
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.gate.imports import GROUND
 from bench.gate.imports import LAYERS
 from bench.gate.imports import PACKAGES
 from bench.gate.imports import SUITE_PREFIX
@@ -35,8 +39,11 @@ from bench.gate.imports import build_graph
 from bench.gate.imports import cycles
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "pytest", "_pytest")  # what the floor and the JSON-only tools never load
+HEAVY = ("torch", "triton", "pytest", "_pytest")  # what the gate and the JSON-only tools never load
 JSON_TOOLS = ("merge", "compare", "report", "databranch", "ci", "imports")  # history: a library of report
+# What requirements-read.txt installs without torch: these tools and what they import.
+READING_TOOLS = ("report", "compare", "merge", "databranch", "history", "rows")
+READ_REQUIREMENTS = ROOT / "requirements-read.txt"
 # Run in a fresh interpreter: any import of HEAVY raises, and the script then checks none was loaded.
 BLOCKER = f"""
 import sys
@@ -113,7 +120,17 @@ def test_model_and_kernels_never_import_bench_or_pytest(graph: Graph) -> None:
 
 
 def test_no_back_arrows_between_layers(graph: Graph) -> None:
-    assert back_arrows(graph, LAYERS, SUITE_PREFIX) == []
+    assert back_arrows(graph, LAYERS, SUITE_PREFIX, (GROUND,)) == []
+
+
+def test_every_layer_may_import_the_ground_but_the_ground_imports_no_layer(tmp_path: Path) -> None:
+    write_package(tmp_path, {"pkg/__init__.py": "", "pkg/ground/__init__.py": "", "pkg/ground/env.py": "",
+                             "pkg/ground/bad.py": "from pkg.high import tool\n",
+                             "pkg/high/__init__.py": "", "pkg/high/tool.py": "from pkg.ground import env\n"})
+    graph = build_graph(tmp_path, ["pkg"])
+    layers = {"pkg.ground": (), "pkg.high": ()}
+    assert back_arrows(graph, layers, ground=("pkg.ground",)) == [("pkg.ground.bad", "pkg.high.tool")]
+    assert back_arrows(graph, layers) == [("pkg.ground.bad", "pkg.high.tool"), ("pkg.high.tool", "pkg.ground.env")]
 
 
 def test_no_import_circles_in_the_project(graph: Graph) -> None:
@@ -143,6 +160,31 @@ def test_the_gate_imports_neither_pytest_nor_torch_when_run(graph: Graph) -> Non
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def ground_modules(graph: Graph) -> list[str]:
+    return sorted(m for m in graph.edges if m == GROUND or m.startswith(GROUND + "."))
+
+
+def test_the_ground_imports_only_the_standard_library_statically(graph: Graph) -> None:
+    modules = ground_modules(graph)
+    assert {"kernels.ground.env", "kernels.ground.axes", "kernels.ground.cases"} <= set(modules)
+    for module in modules:
+        outside = {m for m in graph.edges[module] if not m.startswith(GROUND)}
+        third_party = graph.external[module] - set(sys.stdlib_module_names)
+        assert not outside and not third_party, f"{module} imports {sorted(outside | third_party)}"
+
+
+def test_the_ground_imports_only_the_standard_library_when_run(graph: Graph) -> None:
+    """In a fresh interpreter with HEAVY blocked: every module importing the ground loads
+    is the standard library's, the ground's, or the package it lives in (kernels/__init__.py)."""
+    code = ("import importlib\nbefore = set(sys.modules)\n"
+            + "".join(f"importlib.import_module({m!r})\n" for m in ground_modules(graph))
+            + f"new = sorted(n for n in set(sys.modules) - before if n.split('.')[0] not in sys.stdlib_module_names"
+            f" and n != 'kernels' and not n.startswith({GROUND + '.'!r}) and n != {GROUND!r})\n"
+            "assert not new, new\n")
+    done = blocked_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("tool", JSON_TOOLS)
 def test_json_only_tools_start_without_torch(tool: str) -> None:
     """--help runs with torch and pytest unimportable: the tool's start loads neither."""
@@ -156,7 +198,80 @@ def test_json_only_tools_start_without_torch(tool: str) -> None:
 
 def test_bench_folder_shows_the_suite_apart_from_the_harness() -> None:
     top = sorted(p.name for p in (ROOT / "bench").iterdir() if not p.name.startswith(("_", ".")))
-    harness = {"gate", "plugin", "monitor", "tools", "search"}
+    harness = {"gate", "plugin", "monitor", "figures", "tools", "search"}
     assert harness <= set(top)
     suite = [name for name in top if name not in harness]
-    assert all(name.startswith("test_") or name in ("cases.py", "budgets.toml") for name in suite), suite
+    assert all(name.startswith("test_") or name == "budgets.toml" for name in suite), suite
+
+
+# ------------------------------------------------------------------------ the reading tools' install
+
+
+def reached(graph: Graph, start: str) -> set[str]:
+    """`start` and every project module it imports, directly or not."""
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph.edges[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_reading_tools_load_neither_torch_nor_triton(graph: Graph) -> None:
+    """From the source (lazy imports too), and when every one is imported in a fresh interpreter."""
+    modules = [f"bench.tools.{tool}" for tool in READING_TOOLS]
+    for module in modules:
+        heavy = {m: sorted(graph.external[m] & set(HEAVY)) for m in reached(graph, module)
+                 if graph.external[m] & set(HEAVY)}
+        assert not heavy, f"{module} reaches {heavy}"
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    code += f"loaded = sorted(n for n in sys.modules if n.split('.')[0] in {HEAVY!r})\nassert not loaded, loaded\n"
+    done = blocked_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def read_requirements() -> dict[str, str]:
+    """requirements-read.txt as {distribution name: the requirement as packaging writes it}."""
+    from packaging.requirements import Requirement
+
+    lines = [line.split("#")[0].strip() for line in READ_REQUIREMENTS.read_text().splitlines()]
+    return {canonical(Requirement(line).name): str(Requirement(line)) for line in lines if line}
+
+
+def canonical(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def test_the_read_install_names_exactly_what_the_reading_tools_import(graph: Graph) -> None:
+    """Every third-party module the reading tools reach (lazy imports too) comes from a
+    distribution the file lists, and the file lists nothing they do not import."""
+    from importlib.metadata import packages_distributions
+
+    providers = packages_distributions()
+    needed: dict[str, set[str]] = {}
+    for tool in READING_TOOLS:
+        for module in reached(graph, f"bench.tools.{tool}"):
+            for name in graph.external[module] - set(sys.stdlib_module_names):
+                for dist in providers.get(name, [name]):  # not installed here (tomli on 3.11): its own name
+                    needed.setdefault(canonical(dist), set()).add(module)
+    listed = read_requirements()
+    missing = {dist: sorted(users) for dist, users in needed.items() if dist not in listed}
+    assert not missing, f"requirements-read.txt lacks what these modules import: {missing}"
+    assert set(listed) <= set(needed), f"requirements-read.txt lists unused {sorted(set(listed) - set(needed))}"
+
+
+def test_the_read_install_has_the_bounds_of_pyproject() -> None:
+    from packaging.requirements import Requirement
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    bounds: dict[str, set[str]] = {}
+    for line in declared:
+        requirement = Requirement(line)
+        bounds.setdefault(canonical(requirement.name), set()).add(str(requirement))
+    for dist, requirement in read_requirements().items():
+        assert bounds.get(dist) == {requirement}, f"{dist}: {requirement} here, {bounds.get(dist)} in pyproject.toml"

@@ -15,7 +15,7 @@ from bench.gate.record import SERVING_FIELDS
 from bench.gate.record import SETTINGS_FIELDS
 from bench.tools.reference import PAGES
 from bench.tools.reference import main
-from kernels import env
+from kernels.ground import env
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from matplotlib.text import Text
 
-from bench.cases import Case
-from bench.cases import all_cases
-from bench.cases import loop_cases
+from kernels.ground.cases import Case
+from kernels.ground.cases import all_cases
+from kernels.ground.cases import loop_cases
 from bench.monitor.series import read_series
 from bench.gate.kernel_table import KernelTable
 from bench.gate.budgets import Budgets
@@ -26,11 +26,11 @@ from bench.gate.runs import case_history
 from bench.gate.compare import check_against
 from bench.gate.runs import load_history
 from bench.gate.summary import render_summary
-from bench.tools.figures import epoch_ends
-from bench.tools.figures import moving_average
-from bench.tools.figures import pareto_figure
-from bench.tools.figures import pareto_front
-from bench.tools.figures import resource_figure
+from bench.figures.training import epoch_ends
+from bench.figures.training import moving_average
+from bench.figures.training import pareto_figure
+from bench.figures.common import pareto_front
+from bench.figures.training import resource_figure
 from bench.tools.history import run_labels
 from bench.tools.history import tick_labels
 from bench.tools.merge import main as merge_main
@@ -43,7 +43,7 @@ from bench.gate.runs import find_run_files
 from bench.gate.runs import load_runs
 
 CASES = """
-from bench.cases import Case
+from kernels.ground.cases import Case
 import pytest
 
 @pytest.mark.parametrize("case", [Case("units", 128), Case("units", 256)], ids=lambda c: c.id)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from matplotlib.text import Text
 
-from bench.tools.figures import inference_figure
-from bench.tools.figures import record_p99
-from bench.tools.figures import search_figure
+from bench.figures.serving import inference_figure
+from bench.figures.serving import record_p99
+from bench.figures.serving import search_figure
 from bench.tools.report import build_report
 from bench.tools.report import main as report_main
 from bench.gate.runs import load_runs

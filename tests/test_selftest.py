@@ -23,14 +23,18 @@ import pytest
 
 from bench.gate.budgets import Budgets
 from bench.gate.timing import check_time
-from bench.tools import selftest
-from bench.tools.selftest import CaseResult
-from bench.tools.selftest import analyse
-from bench.tools.selftest import false_red_line
-from bench.tools.selftest import load_campaign
-from bench.tools.selftest import main
-from bench.tools.selftest import suggest_pct
-from bench.tools.selftest import totals
+from bench.tools.selftest import cli
+from bench.tools.selftest import running
+from bench.tools.selftest.analysis import CaseResult
+from bench.tools.selftest.analysis import analyse
+from bench.tools.selftest.analysis import false_red_line
+from bench.tools.selftest.analysis import suggest_pct
+from bench.tools.selftest.analysis import totals
+from bench.tools.selftest.campaign import SelftestError
+from bench.tools.selftest.campaign import load_campaign
+from bench.tools.selftest.cli import main
+from bench.tools.selftest.outputs import table
+from bench.tools.selftest.outputs import write_outputs
 
 GPU = "NVIDIA H100 80GB HBM3"
 SETTINGS = {"profile": "quick", "epochs": 8, "dataset": "synthetic", "device": "cuda", "loop": "graph",
@@ -199,7 +203,7 @@ def test_the_offset_between_cards_is_the_slowest_cards_median_over_the_fastests(
     result = {r.case_id: r for r in analyse(aa, {}, budgets)}["units-128"]
     # card medians: a = 1.001 x m (runs 0, 2, 4), b = 1.013 x 1.001 x m (runs 1, 3, 5)
     assert result.cards == 2 and result.card_offset == pytest.approx(0.013, rel=1e-6)
-    assert "| 1.30% (2 cards)" in selftest.table([result])
+    assert "| 1.30% (2 cards)" in table([result])
 
 
 @pytest.mark.parametrize(("uuids", "cards", "shown"),
@@ -208,7 +212,7 @@ def test_one_card_or_a_run_that_does_not_say_has_no_offset(budgets, uuids, cards
     aa = [on_card(make_run(i), uuid) for i, uuid in enumerate(uuids)]
     result = {r.case_id: r for r in analyse(aa, {}, budgets)}["units-128"]
     assert (result.cards, result.card_offset) == (cards, None)
-    assert f"| {shown} " in selftest.table([result])
+    assert f"| {shown} " in table([result])
 
 
 def test_two_runs_leave_the_spread_unknown(budgets) -> None:
@@ -223,7 +227,7 @@ def test_two_runs_leave_the_spread_unknown(budgets) -> None:
 
 def test_suggested_toml_loads_and_resolves_to_the_suggestions(tmp_path, results) -> None:
     campaign = load_campaign(sorted(write_campaign(tmp_path / "runs").glob("*.json")))
-    selftest.write_outputs(tmp_path / "out", campaign, list(results.values()), Path("budgets.toml"))
+    write_outputs(tmp_path / "out", campaign, list(results.values()), Path("budgets.toml"))
     text = (tmp_path / "out" / "suggested-budgets.toml").read_text()
     assert '[profiles.quick.cases."units-256"]' in text and "largest A/A change 14.74%" in text
     loaded = Budgets.load(tmp_path / "out" / "suggested-budgets.toml")
@@ -235,7 +239,7 @@ def test_suggested_toml_loads_and_resolves_to_the_suggestions(tmp_path, results)
 def test_suggested_toml_without_a_known_spread_still_loads(tmp_path, budgets) -> None:
     campaign = load_campaign(sorted(write_campaign(tmp_path / "runs", runs=2).glob("*.json")))
     results = analyse(campaign.aa_runs, campaign.planted_runs, budgets)
-    selftest.write_outputs(tmp_path / "out", campaign, results, Path("budgets.toml"))
+    write_outputs(tmp_path / "out", campaign, results, Path("budgets.toml"))
     text = (tmp_path / "out" / "suggested-budgets.toml").read_text()
     assert "no suggestion: spread unknown" in text
     assert not [line for line in text.splitlines() if line.startswith("time_slower_pct")]  # nothing guessed
@@ -277,7 +281,7 @@ AA = {"aa-01.json": make_run(0), "aa-02.json": make_run(1)}
 def test_a_killed_runs_partial_file_is_passed_over(tmp_path) -> None:
     """aa-03.partial.json: what a killed run finished (bench/plugin/partial.py); the
     campaign runs aa-03 again, so the folder still reads as the two complete runs."""
-    from bench.tools.selftest import run_files
+    from bench.tools.selftest.campaign import run_files
 
     folder = write_runs(tmp_path / "c", {**AA, "aa-03.partial.json": dropped(make_run(2), "blocks-2")})
     assert [p.name for p in run_files(folder)] == ["aa-01.json", "aa-02.json"]
@@ -343,8 +347,8 @@ def test_gpu_lanes_run_at_once_each_on_its_own_gpu_and_every_run_once(tmp_path, 
         out_json.write_text("{}")
         return 0, 1.0
 
-    monkeypatch.setattr(selftest, "run_one", fake_run_one)
-    paths = selftest.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], gpus=["0", "3"])
+    monkeypatch.setattr(running, "run_one", fake_run_one)
+    paths = running.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], gpus=["0", "3"])
     assert [p.name for p in paths] == [f"{n}.json" for n in ("aa-01", "aa-02", "aa-03",
                                                              "plant05-01", "plant05-02", "plant05-03")]
     assert sorted(name for name, _ in seen) == sorted(p.stem for p in paths)
@@ -359,12 +363,12 @@ def test_a_failing_lane_stops_the_campaign_and_its_error_is_raised(tmp_path, mon
     def fake_run_one(command, out_json, name, log, env=None):
         started.append(name)
         if name == "aa-01":
-            raise selftest.SelftestError("run aa-01 failed (pytest exit 4)")
+            raise SelftestError("run aa-01 failed (pytest exit 4)")
         return 0, 1.0
 
-    monkeypatch.setattr(selftest, "run_one", fake_run_one)
-    with pytest.raises(selftest.SelftestError, match="run aa-01 failed"):
-        selftest.run_campaign(tmp_path, "bench", "x", 10, [], "gpu", [], gpus=["0", "1"])
+    monkeypatch.setattr(running, "run_one", fake_run_one)
+    with pytest.raises(SelftestError, match="run aa-01 failed"):
+        running.run_campaign(tmp_path, "bench", "x", 10, [], "gpu", [], gpus=["0", "1"])
     assert len(started) < 10  # the lanes stopped taking runs once one failed
 
 
@@ -385,21 +389,21 @@ def timed_fake_runs(monkeypatch, clock: PlantedClock, seconds: float, ran: list[
         out_json.write_text(json.dumps(make_run(0)))
         return 0, seconds
 
-    monkeypatch.setattr(selftest, "run_one", fake_run_one)
-    monkeypatch.setattr(selftest.time, "monotonic", clock)
+    monkeypatch.setattr(running, "run_one", fake_run_one)
+    monkeypatch.setattr(running.time, "monotonic", clock)
 
 
 def test_stop_after_starts_no_run_that_would_end_past_it_and_resume_goes_on(tmp_path, monkeypatch, capsys) -> None:
     clock, ran = PlantedClock(), []
     timed_fake_runs(monkeypatch, clock, 100.0, ran)
     # 0 s: run 1 (no run timed yet); 100 s: run 2 would end at 200 <= 250; 200 s: run 3 would end at 300.
-    with pytest.raises(selftest.CampaignStopped, match=r"2 of 6 runs in .*--resume goes on"):
-        selftest.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], stop_after=250)
+    with pytest.raises(running.CampaignStopped, match=r"2 of 6 runs in .*--resume goes on"):
+        running.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], stop_after=250)
     assert ran == ["aa-01", "aa-02"]
     # A run cut off mid-write leaves a JSON that does not parse: run again, not kept.
     (tmp_path / "aa-03.json").write_text('{"benchmarks": [')
     ran.clear()
-    paths = selftest.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], resume=True)
+    paths = running.run_campaign(tmp_path, "bench", "x", 3, [5.0], "gpu", [], resume=True)
     assert ran == ["aa-03", "plant05-01", "plant05-02", "plant05-03"]
     assert len(paths) == 6 and all(path.is_file() for path in paths)
     assert "resuming: 2 of 6 runs already in" in capsys.readouterr().out
@@ -408,8 +412,8 @@ def test_stop_after_starts_no_run_that_would_end_past_it_and_resume_goes_on(tmp_
 def test_without_resume_every_run_runs_again(tmp_path, monkeypatch) -> None:
     clock, ran = PlantedClock(), []
     timed_fake_runs(monkeypatch, clock, 1.0, ran)
-    selftest.run_campaign(tmp_path, "bench", "x", 2, [], "host", [])
-    selftest.run_campaign(tmp_path, "bench", "x", 2, [], "host", [])
+    running.run_campaign(tmp_path, "bench", "x", 2, [], "host", [])
+    running.run_campaign(tmp_path, "bench", "x", 2, [], "host", [])
     assert ran == ["aa-01", "aa-02"] * 2
 
 
@@ -431,7 +435,7 @@ def test_an_empty_k_runs_every_case(tmp_path, monkeypatch) -> None:
         out_json.write_text(json.dumps(make_run(0)))
         return 0, 1.0
 
-    monkeypatch.setattr(selftest, "run_one", fake_run_one)
+    monkeypatch.setattr(running, "run_one", fake_run_one)
     assert main(["-k", "", "--runs", "2", "--out", str(tmp_path)]) == 0
     assert len(commands) == 2 and all(c[c.index("-k") + 1] == "" for c in commands)
 
@@ -454,17 +458,17 @@ def test_bad_running_options_are_usage_errors(capsys, option, values) -> None:
 )
 def test_gpus_that_are_not_there_are_refused_before_any_run(tmp_path, monkeypatch, capsys, gpus, count, line) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(selftest, "visible_gpus", lambda: count)
-    monkeypatch.setattr(selftest, "run_one", lambda command, out_json, name, log, env=None: ran.append(name))
+    monkeypatch.setattr(cli, "visible_gpus", lambda: count)
+    monkeypatch.setattr(running, "run_one", lambda command, out_json, name, log, env=None: ran.append(name))
     assert main(["-k", "x", "--runs", "2", "--gpus", gpus, "--out", str(tmp_path / "st")]) == 2
     assert capsys.readouterr().err.splitlines() == [f"mlp-loadbench selftest: {line}"]
     assert ran == [] and not (tmp_path / "st").exists()
 
 
 def test_gpus_that_are_there_pass_the_check() -> None:
-    assert selftest.gpus_problem(["0", "1"], 2) is None
-    assert selftest.gpus_problem(["3"], 4) is None
-    assert isinstance(selftest.visible_gpus(), int)
+    assert running.gpus_problem(["0", "1"], 2) is None
+    assert running.gpus_problem(["3"], 4) is None
+    assert isinstance(running.visible_gpus(), int)
 
 
 @pytest.mark.parametrize(("given", "named"),
@@ -498,16 +502,16 @@ def test_a_run_counts_when_pytest_ran_its_cases_and_wrote_the_json(tmp_path, cod
     script = (f"open({str(out_json)!r}, 'w').write('{{}}'); " if writes else "") + f"raise SystemExit({code})"
     command = [sys.executable, "-c", script]
     if counts:
-        assert selftest.run_one(command, out_json, "aa-01", tmp_path / "aa-01.log")[0] == code
+        assert running.run_one(command, out_json, "aa-01", tmp_path / "aa-01.log")[0] == code
     else:
-        with pytest.raises(selftest.SelftestError, match=rf"run aa-01 failed \(pytest exit {code}"):
-            selftest.run_one(command, out_json, "aa-01", tmp_path / "aa-01.log")
+        with pytest.raises(SelftestError, match=rf"run aa-01 failed \(pytest exit {code}"):
+            running.run_one(command, out_json, "aa-01", tmp_path / "aa-01.log")
 
 
 # ------------------------------------------------------------------------ end to end
 
 ONE_CASE = """\
-from bench.cases import Case
+from kernels.ground.cases import Case
 
 def test_small(loadbench):
     loadbench.run(Case("blocks", 2), width=32)

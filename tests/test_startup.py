@@ -1,5 +1,5 @@
 """Bad input found at start-up: one line naming what and where, exit 4, no traceback,
-nothing trained or written first (bench/plugin/startup.py, kernels/env.py)."""
+nothing trained or written first (bench/plugin/startup.py, kernels/ground/env.py)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import pytest
 import torch
 from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
 
-from bench.gate.args import directory_problem
+from kernels.ground.args import directory_problem
 from bench.plugin.options import Plant
 from bench.plugin.options import plant_on
 from bench.plugin.startup import compare_path
 from bench.plugin.startup import compare_problem
-from bench.gate.args import file_problem
+from kernels.ground.args import file_problem
 from bench.plugin.startup import json_path
 from bench.tools.merge import main as merge_main
-from kernels import env
+from kernels.ground import env
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"

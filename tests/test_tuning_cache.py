@@ -377,7 +377,7 @@ def test_gemv_configs_are_checked() -> None:
 
 def test_experiment_shapes_match_the_suite() -> None:
     """kernels/ may not import bench/: bench_cells keeps its own copy of the axes."""
-    from bench.cases import EXPERIMENTS
+    from kernels.ground.cases import EXPERIMENTS
     from bench.tools import bench_cells
     from model.config import TrainConfig
 

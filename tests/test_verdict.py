@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cases import Case
+from kernels.ground.cases import Case
 from bench.gate.budgets import Budget
 from bench.gate.budgets import BudgetError
 from bench.gate.budgets import Budgets

@@ -29,10 +29,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from bench.cases import CASE_IDS
-from bench.cases import EXPERIMENTS
+from kernels.ground.cases import CASE_IDS
+from kernels.ground.cases import EXPERIMENTS
 from bench.gate.profiles import PROFILES
-from model.axes import VARIANT_NAMES as VARIANTS
+from kernels.ground.axes import VARIANT_NAMES as VARIANTS
 
 
 class BudgetError(ValueError):

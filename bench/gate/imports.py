@@ -164,17 +164,20 @@ def layer_of(module: str, layers: Iterable[str]) -> str | None:
     return max(found, key=len) if found else None
 
 
-def back_arrows(graph: Graph, allowed: Mapping[str, Iterable[str]], free: str = "") -> list[tuple[str, str]]:
+def back_arrows(graph: Graph, allowed: Mapping[str, Iterable[str]], free: str = "",
+                ground: Iterable[str] = ()) -> list[tuple[str, str]]:
     """The arrows a layer table forbids: `allowed` maps a layer (a package or module
     prefix) to the layers (or single modules) its modules may import. An arrow to a
-    module inside the importer's own layer or an allowed one is allowed; modules of no
+    module inside the importer's own layer or an allowed one is allowed, and so is every
+    arrow into a module of `ground` (the floor every layer stands on); modules of no
     layer, and importers whose name starts with `free` (when given), are not judged."""
     out = []
+    ground = tuple(ground)
     for src, dst in graph.arrows():
         if free and src.startswith(free):
             continue
         mine, theirs = layer_of(src, allowed), layer_of(dst, allowed)
-        if mine is None or theirs is None:
+        if mine is None or theirs is None or layer_of(dst, ground) is not None:
             continue
         if not any(dst == ok or dst.startswith(ok + ".") for ok in (mine, *allowed[mine])):
             out.append((src, dst))
@@ -182,29 +185,28 @@ def back_arrows(graph: Graph, allowed: Mapping[str, Iterable[str]], free: str = 
 
 
 # The house's layers and the arrows allowed between them (an arrow inside a layer is
-# always allowed; the more specific layer of a module wins). Data flows one way: model/
-# and kernels/ know nothing of bench/; bench/gate is the floor the plugin, the tools and
-# the search stand on side by side; only the suite (bench/test_*.py) and the pytest-run
-# tools stand on the plugin.
+# always allowed; the more specific layer of a module wins). Data flows one way: the
+# ground floor (kernels/ground: standard library only) under everything; model/ and
+# kernels/ know nothing of bench/; bench/gate is the floor the plugin, the tools and the
+# search stand on side by side, bench/figures what the tools and the search draw with;
+# only the suite (bench/test_*.py) stands on the plugin.
 PACKAGES = ("bench", "kernels", "model")
+GROUND = "kernels.ground"  # every layer may import it; it imports nothing of the project
 LAYERS: dict[str, tuple[str, ...]] = {
+    GROUND: (),
     "model": ("kernels",),
-    "model.axes": (),  # stdlib only, for the gate to read
     "kernels": (),
-    "kernels.env": (),
     # kernels/ in floors: the runtime corner, launch planning above it, the fused ops on top
-    "kernels.runtime": ("kernels.env",),
-    "kernels.plan": ("kernels.env", "kernels.runtime"),
-    "kernels.ops": ("kernels.env", "kernels.runtime", "kernels.plan"),
+    "kernels.runtime": (),
+    "kernels.plan": ("kernels.runtime",),
+    "kernels.ops": ("kernels.runtime", "kernels.plan"),
     "bench": (),
-    "bench.cases": (),
-    "bench.gate": ("bench.cases", "model.axes"),
+    "bench.gate": (),
     "bench.monitor": ("bench.gate", "model", "kernels"),
-    "bench.plugin": ("bench.gate", "bench.monitor", "bench.cases", "model", "kernels"),
-    "bench.tools": ("bench.gate", "bench.monitor", "bench.cases", "model", "kernels"),
-    # pytest-run tools: they start pytest sessions and read the plugin's files
-    "bench.tools.selftest": ("bench.tools", "bench.plugin", "bench.gate", "bench.cases", "model", "kernels"),
-    "bench.search": ("bench.gate", "bench.tools.figures", "bench.cases", "model", "kernels"),
+    "bench.figures": ("model",),
+    "bench.plugin": ("bench.gate", "bench.monitor", "model", "kernels"),
+    "bench.tools": ("bench.gate", "bench.monitor", "bench.figures", "model", "kernels"),
+    "bench.search": ("bench.gate", "bench.figures", "model", "kernels"),
 }
 # The suite's test modules (bench/test_*.py) may import every layer.
 SUITE_PREFIX = "bench.test_"

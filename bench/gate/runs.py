@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cases import study_order
+from kernels.ground.cases import study_order
 from bench.gate.record import INFERENCE_KIND
 from bench.gate.record import FORMAT_KEY
 from bench.gate.record import RECORD_FORMAT
@@ -73,6 +73,7 @@ COMPLETE = "complete"  # every collected test ran to its end, whatever it decide
 FAILED = "failed"  # the same, and pytest's status said a test failed or errored
 INTERRUPTED = "interrupted"  # Ctrl-C or pytest.exit: the tests after it never ran
 PARTIAL = "partial"  # the file written while the session ran; what is left of a killed run
+PARTIAL_SUFFIX = ".partial.json"  # run.json's file while the session runs: run.partial.json
 RUN_STATES = (COMPLETE, FAILED, INTERRUPTED, PARTIAL)
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.cases import TITLES
-from bench.cases import study_order
+from kernels.ground.cases import TITLES
+from kernels.ground.cases import study_order
 from bench.gate.compare import failed_metrics
 
 COLUMNS = ("Time(s)", "1st epoch s", "Accuracy", "F1", "GPU busy", "SM act.", "VRAM MiB", "CPU", "RSS MiB", "Energy J")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from model.axes import Precision
+from kernels.ground.axes import Precision
 from model.bound import Ceilings
 from model.train import precision_mode
 

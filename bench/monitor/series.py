@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from pathlib import Path
 
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 
 
 def safe_name(test_name: str) -> str:

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from pytest_benchmark.logger import PytestBenchmarkWarning
 
-from bench.gate.args import directory_problem
-from bench.gate.args import file_problem
+from kernels.ground.args import directory_problem
+from kernels.ground.args import file_problem
 from bench.plugin import startup
 from bench.gate.runs import machine_difference
 from bench.plugin.fixture import LoadBench
 from bench.plugin.options import add_options
 from bench.plugin.session import LoadBenchSession
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 
 PLUGIN_NAME = "loadbench"
 MACHINE_INFO_DUMP = "Benchmark machine_info is different"  # how pytest-benchmark's warning begins

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench.cases import Case
+from kernels.ground.cases import Case
 from bench.gate.judge import Judgement
 from bench.gate.kernel_table import KernelTable
 from bench.gate.compare import deltas

@@ -9,21 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.gate.args import parse_device
-from bench.gate.args import parse_epochs
-from bench.gate.args import parse_period
-from bench.gate.args import parse_shard
+from kernels.ground import env
+from kernels.ground.args import parse_device
+from kernels.ground.args import parse_epochs
+from kernels.ground.args import parse_period
+from kernels.ground.args import parse_shard
 from bench.gate.profiles import DEFAULT_BUDGETS
 from bench.gate.profiles import PROFILES
 from bench.gate.profiles import Profile
 from bench.gate.profiles import TIERS
 from bench.gate.timing import time_note
-from model.axes import IMPLS
-from model.axes import Impl
-from model.axes import LOOPS
-from model.axes import OPTIMIZER_IMPLS
-from model.axes import PRECISIONS
-from model.axes import Precision
+from kernels.ground.axes import IMPLS
+from kernels.ground.axes import Impl
+from kernels.ground.axes import LOOPS
+from kernels.ground.axes import OPTIMIZER_IMPLS
+from kernels.ground.axes import PRECISIONS
+from kernels.ground.axes import Precision
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,6 @@ class Options:
         if dataset != "synthetic" and not Path(dataset).is_file():
             raise pytest.UsageError(f"--dataset {dataset}: no such file (use 'synthetic' or a CSV path)")
         series = config.getoption("series_dir")  # checked, and made, at start-up (bench/plugin/startup.py)
-        from kernels.plan.launch_plan import STRICT_FP32  # a bad value was refused at start-up (kernels/env.py)
         return cls(
             profile=profile,
             profile_was_default=name is None,
@@ -172,7 +172,8 @@ class Options:
             monitor_period=config.getoption("monitor_period"),
             series_dir=Path(series) if series else None,
             epochs=config.getoption("epochs") or profile.epochs,
-            strict_fp32=STRICT_FP32,
+            # what kernels.plan.launch_plan reads at its import; a bad value was refused at start-up
+            strict_fp32=env.read_at_import("LOADBENCH_STRICT_FP32"),
             plant=plant_on(config.getoption("plant_slowdown"), device),
             trace=config.getoption("kernel_trace"),
             cold_caches=config.getoption("cold_caches"),

@@ -23,11 +23,11 @@ from pytest_benchmark.utils import safe_dumps
 from bench.gate.record import RECORD_KEY
 from bench.gate.record import RUN_KEY
 from bench.gate.runs import PARTIAL
+from bench.gate.runs import PARTIAL_SUFFIX
 from bench.gate.runs import RunState
 from bench.plugin.startup import json_path
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 
-SUFFIX = ".partial.json"
 # The file holds every finished case with its samples, so each write costs more than the
 # last. A normal run's write takes milliseconds and follows every finished case; only
 # where one took SLOW_WRITE_S or more (a whole serving matrix in one process reaches
@@ -39,7 +39,7 @@ COST_FACTOR = 50
 
 def partial_path(json_path: Path) -> Path:
     """run.json -> run.partial.json"""
-    return json_path.with_name(json_path.stem + SUFFIX)
+    return json_path.with_name(json_path.stem + PARTIAL_SUFFIX)
 
 
 def json_target(benchmarksession: Any) -> Path | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench.cases import Case
+from kernels.ground.cases import Case
 from bench.gate.record import INFERENCE_KIND
 from bench.gate.record import SERVING_FIELDS
 from bench.gate.record import names
@@ -27,7 +27,7 @@ from bench.plugin.fixture import LoadBench
 from bench.plugin.session import LoadBenchSession
 from bench.plugin.verdicts import budget_for
 from bench.plugin.verdicts import gate
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from model.compress import Unsupported
 from model.compress import VARIANTS
 from model.compress import unsupported_reason

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from bench.gate.args import parse_device
-from bench.gate.args import parse_positive_int
-from bench.gate.args import parse_seconds
+from kernels.ground.args import parse_device
+from kernels.ground.args import parse_positive_int
+from kernels.ground.args import parse_seconds
 from bench.gate.profiles import PROFILES
 from bench.search.objective import Evaluator
 from bench.search.objective import choose_objectives
@@ -35,7 +35,7 @@ from bench.search.study import run_search
 from bench.search.results import summarise
 from bench.search.results import verdict
 from bench.search.results import write_outputs
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from model.compress import VARIANTS
 from model.config import IMPLS
 from model.config import TrainConfig

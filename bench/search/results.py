@@ -29,7 +29,7 @@ from tabulate import tabulate
 from bench.search.study import IDENTITY_KEY
 from bench.search.study import REFERENCE_KEY
 from bench.search.study import SearchSettings
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 
 FORMAT = "mlp-loadbench-search"
 VERSION = 1
@@ -247,7 +247,7 @@ def _f(value: Any, spec: str = ".4f") -> str:
 
 def write_outputs(summary: Mapping[str, Any], out: Path) -> list[Path]:
     """search.json, front.md, front.png, front.svg; each written whole or not at all."""
-    from bench.tools.figures import search_figure
+    from bench.figures.serving import search_figure
 
     written = [write_atomic(out / "search.json", json.dumps(summary, indent=2) + "\n"),
                write_atomic(out / "front.md", markdown(summary))]

@@ -27,7 +27,7 @@ import optuna
 
 from model.compress import WEIGHTS
 from model.compress import Compression
-from model.axes import ACTIVATIONS
+from kernels.ground.axes import ACTIVATIONS
 from model.config import OPTIMIZERS
 from model.config import TrainConfig
 

@@ -41,12 +41,12 @@ from bench.tools.rows import cell_rows
 from bench.tools.rows import cpu_name
 from bench.tools.rows import csv_problem
 from bench.tools.rows import measured_here
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from kernels.plan import launches
 from kernels.ops import linear_act  # noqa: F401  (the op loads at import, outside any timed first call)
 from kernels.plan.tuning_cache import FILE_NAME
 from kernels.plan.tuning_cache import TUNE_MODES
-from model.axes import ACTIVATIONS
+from kernels.ground.axes import ACTIVATIONS
 from model.mlp import MLP
 from model.train import precision_mode
 

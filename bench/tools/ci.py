@@ -30,7 +30,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.gate.args import directory_problem
+from kernels.ground.args import directory_problem
 from bench.gate.record import RECORD_KEY
 from bench.gate.record import RUN_KEY
 from bench.gate.runs import COMPLETE
@@ -51,8 +51,8 @@ from bench.tools.rows import append_rows
 from bench.tools.rows import csv_problem
 from bench.tools.rows import gate_row
 from bench.tools.rows import tier_row
-from kernels import env as loadbench_env
-from model.files import write_atomic
+from kernels.ground import env as loadbench_env
+from kernels.ground.files import write_atomic
 
 MODES = {  # mode: (tier, whether the run is stored as main's newest)
     "pr": ("pr", False),

@@ -27,7 +27,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.cases import study_order
+from kernels.ground.cases import study_order
 from bench.gate.budgets import Budget
 from bench.gate.budgets import BudgetError
 from bench.gate.budgets import Budgets
@@ -65,7 +65,7 @@ from bench.gate.runs import run_state
 from bench.gate.verdict import NOT_GATED
 from bench.gate.verdict import REGRESSED
 from bench.gate.verdict import Verdict
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 
 PROG = "mlp-loadbench compare"
 TRAINING = "training"

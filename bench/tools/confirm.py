@@ -32,7 +32,7 @@ from bench.gate.timing import EPOCH_TIME
 from bench.gate.timing import LATENCY
 from bench.gate.verdict import Verdict
 from bench.gate.verdict import after_pairing
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 
 TIMED = {EPOCH_TIME.metric: EPOCH_TIME, CALL_TIME.metric: CALL_TIME, LATENCY.metric: LATENCY}
 PLANT = "--plant-slowdown"  # the change's own: main's side runs without it

@@ -33,9 +33,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.gate.args import at_least
-from bench.gate.args import directory_problem
-from bench.gate.args import seconds_at_least
+from kernels.ground.args import at_least
+from kernels.ground.args import directory_problem
+from kernels.ground.args import seconds_at_least
 from bench.gate.runs import run_state
 from bench.gate.runs import BaselineError
 from bench.gate.runs import gpu_name
@@ -43,8 +43,8 @@ from bench.gate.runs import read_run
 from bench.tools.report import ReportError
 from bench.tools.report import build_report
 from bench.gate.runs import load_runs
-from kernels import env as loadbench_env
-from model.files import write_atomic
+from kernels.ground import env as loadbench_env
+from kernels.ground.files import write_atomic
 
 DEFAULT_BRANCH = "bench-data"
 MAX_SERIES_ROWS = 500  # enough for the resource figures' shape; a full series can be 100x that

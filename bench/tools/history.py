@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
-from bench.cases import TITLES
-from bench.cases import study_order
+from kernels.ground.cases import TITLES
+from kernels.ground.cases import study_order
 from bench.gate.compare import DIRECTIONS
 from bench.gate.runs import HISTORY_SETTINGS
 from bench.gate.runs import setting

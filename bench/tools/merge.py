@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.cases import study_order
+from kernels.ground.cases import study_order
 from bench.gate.record import RECORD_KEY
 from bench.gate.record import RUN_KEY
 from bench.gate.runs import RUN_STATES
@@ -27,7 +27,7 @@ from bench.gate.runs import RunState
 from bench.gate.runs import gpu_name
 from bench.gate.runs import read_run
 from bench.gate.runs import run_state
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 
 
 class MergeError(ValueError):

@@ -1,7 +1,7 @@
 """`python -m bench.tools.reference --out docs/reference`: the reference pages, from the code's tables.
 
 Writes ``records.md`` (every field of a stored run, from bench/gate/record.py),
-``environment.md`` (every LOADBENCH_* variable, from kernels/env.py) and ``budgets.md``
+``environment.md`` (every LOADBENCH_* variable, from kernels/ground/env.py) and ``budgets.md``
 (every key a budgets file accepts, from bench/gate/budgets.py). tests/test_reference.py
 checks that the committed pages are what this writes, so they cannot drift from the code.
 """
@@ -17,9 +17,9 @@ from tabulate import tabulate
 
 from bench.gate import budgets
 from bench.gate import record
-from bench.gate.args import directory_problem
-from kernels import env
-from model.files import write_atomic
+from kernels.ground.args import directory_problem
+from kernels.ground import env
+from kernels.ground.files import write_atomic
 
 COMMAND = "python -m bench.tools.reference --out docs/reference"
 
@@ -55,7 +55,7 @@ def records_page() -> str:
 
 
 def environment_page() -> str:
-    lines = _header("Environment variables", "kernels/env.py")
+    lines = _header("Environment variables", "kernels/ground/env.py")
     lines += ["Every command checks all of them at start-up; an unset or blank value means the default.", ""]
     lines += [_table([(f"`{name}`", default, allowed, meaning) for name, allowed, default, meaning in env.table()],
                      ["variable", "default", "accepted", "meaning"]), ""]

@@ -28,11 +28,11 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.gate.args import directory_problem
+from kernels.ground.args import directory_problem
 from bench.gate.budgets import BudgetError
 from bench.gate.budgets import Budgets
-from bench.cases import TITLES
-from bench.cases import study_order
+from kernels.ground.cases import TITLES
+from kernels.ground.cases import study_order
 from bench.gate.compare import FAILURE_METRICS
 from bench.gate.runs import HISTORY_SETTINGS
 from bench.gate.runs import MAX_HISTORY
@@ -59,7 +59,7 @@ from bench.tools.measurements import PAGE
 from bench.tools.measurements import measurements_page
 from bench.tools.rows import RowsError
 from bench.tools.serving import serving_markdown
-from model.files import write_atomic
+from kernels.ground.files import write_atomic
 from bench.monitor.series import read_series
 from bench.gate.summary import COLUMNS
 from bench.gate.summary import bound_note
@@ -153,7 +153,7 @@ def resolve_series(path: str, roots: Sequence[Path]) -> Path | None:
 
 
 def experiment_figures(run: Run, window: int, roots: Sequence[Path], warnings: list[str]) -> dict[str, bytes]:
-    from bench.tools.figures import resource_figure
+    from bench.figures.training import resource_figure
 
     out, unrecorded = {}, []
     for experiment, benches in by_experiment(run).items():
@@ -366,8 +366,8 @@ def build_report(paths: list[Path], out: Path, window: int = 50, series_roots: S
     figures = experiment_figures(latest, window, roots, warnings)
     for experiment, image in figures.items():
         written.append(write_atomic(out / f"{experiment}.png", image))
-    from bench.tools.figures import pareto_figure
-    from bench.tools.figures import roofline_figure
+    from bench.figures.training import pareto_figure
+    from bench.figures.training import roofline_figure
 
     pareto = png(pareto_figure([b["extra_info"] for b in latest.cases()]))
     written.append(write_atomic(out / "pareto.png", pareto))
@@ -466,8 +466,8 @@ def serving_title(runs: list[Run]) -> str:
 def inference_views(records: list[dict[str, Any]], searches: list[dict[str, Any]]) -> dict[str, bytes]:
     """inference.png from serving records, search-<study>.png per search; nothing where
     there is neither (a training-only report has no inference view)."""
-    from bench.tools.figures import inference_figure
-    from bench.tools.figures import search_figure
+    from bench.figures.serving import inference_figure
+    from bench.figures.serving import search_figure
 
     out = {}
     if records:

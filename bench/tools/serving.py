@@ -25,7 +25,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bench.cases import study_order
+from kernels.ground.cases import study_order
 from bench.gate.record import INFERENCE_KIND
 from bench.gate.record import KIND
 from bench.gate.runs import BaselineError
@@ -35,7 +35,7 @@ from bench.tools.rows import append_rows
 from bench.tools.rows import card_of
 from bench.tools.rows import csv_problem
 from bench.tools.rows import serving_rows as record_rows
-from model.axes import SERVING_IMPLS as IMPLS
+from kernels.ground.axes import SERVING_IMPLS as IMPLS
 
 DEFAULT_MAX_DROP = 0.01  # one point of accuracy, the search's default limit
 

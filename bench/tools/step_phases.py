@@ -27,8 +27,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from bench.gate.args import file_problem
-from model.files import write_atomic
+from kernels.ground.args import file_problem
+from kernels.ground.files import write_atomic
 from bench.tools.rows import KINDS
 from bench.tools.rows import append_rows
 from bench.tools.rows import csv_problem
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = csv_problem(args.rows, KINDS["step-phases"]) if args.rows is not None else None
     if problem:
         parser.error(f"--rows {args.rows}: {problem}")
-    from kernels import env
+    from kernels.ground import env
 
     env.check(parser.prog)  # before kernels/ops, which keeps LOADBENCH_FUSED_STEP from its import on
     from kernels.ops.mlp_step import Blocks

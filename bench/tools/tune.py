@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 from kernels.ops import linear_act  # noqa: F401  (registers the op's launch code, which the tuner times)
 from kernels.plan import trials
 from kernels.plan import launches

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.runtime import direct_launch
-from kernels import env
+from kernels.ground import env
 from kernels.ops.activations import LEAKY_SLOPE
 from kernels.ops.activations import activation
 from kernels.plan.launch_plan import cdiv

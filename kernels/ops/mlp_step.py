@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import env
+from kernels.ground import env
 from kernels.ops.activations import LEAKY_SLOPE
 from kernels.ops.activations import activation
 from kernels.ops.activations import activation_grad

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from kernels import env
+from kernels.ground import env
 
 # Each activation's ACTIVATION code, the branch kernels/ops/activations.py takes: the head's
-# identity, then the names of model.axes.ACTIVATIONS (tests/test_kernels.py holds them alike).
+# identity, then the names of kernels.ground.axes.ACTIVATIONS (tests/test_kernels.py holds them alike).
 ACTIVATION_CODES = {"identity": 0, "relu": 1, "leaky_relu": 2, "tanh": 3, "sigmoid": 4, "silu": 5}
 SILU = ACTIVATION_CODES["silu"]
 

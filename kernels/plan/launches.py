@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels import env
+from kernels.ground import env
 from kernels.plan import tuning_cache
 from kernels.plan.trials import FORCED
 from kernels.plan.trials import FULL_TIMING

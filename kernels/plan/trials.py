@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels import env
+from kernels.ground import env
 from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import CLASS_OF
 from kernels.plan.launch_plan import SILU

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernels import env as loadbench_env
+from kernels.ground import env as loadbench_env
 
 FORMAT = 1
 FILE_NAME = "launch-cache.json"

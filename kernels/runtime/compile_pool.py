@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from typing import Callable
 
-from kernels import env
+from kernels.ground import env
 from kernels.runtime import versions
 
 # Pays off in first-use tuning against threads (docs/measurements.md, kernel-cells).
