@@ -118,6 +118,63 @@ CASE_FIELDS: tuple[Field, ...] = (
     Field("bound_unavailable", "why the step could not be profiled (no CUPTI)", optional=True),
     Field("time_gate", "how the time rule judged the case: limit, spread, runs, source", optional=True),
     Field("verdict", "the gate's decision (bench.gate.verdict.Verdict.as_dict)"),
+    # a training loop's case (bench/test_loops.py)
+    Field("matmul_ceiling_tflops", "the card's measured matmul ceiling at the case's precision", optional=True),
+    Field("roofline_epoch_s", "the cost model's FLOPs an epoch at that ceiling, seconds", optional=True),
+    Field("roofline_fraction", "roofline_epoch_s over the median epoch", optional=True),
+    Field("speedup_vs_reference", "the reference loop's median epoch over this loop's, same session",
+          optional=True),
+)
+
+# A timed call's extra_info (bench/test_kernels.py, bench/test_monitor.py): its calls gated
+# on time like a training case's epochs (bench.plugin.verdicts.judge_calls).
+CALL_FIELDS: tuple[Field, ...] = (
+    Field("call_seconds", "seconds of each timed call (pytest-benchmark's rounds, or the watched epochs)"),
+    Field("median_call_s", "the median of call_seconds"),
+    Field("timed_call", "the experiment and case id whose budget judges the calls", optional=True),
+    Field("time_gate", "how the time rule judged the calls: limit, spread, runs, source", optional=True),
+    Field("verdict", "the gate's decision (bench.gate.verdict.Verdict.as_dict)", optional=True),
+    Field("notes", "what a reader should know of how it was measured", optional=True),
+    # a kernel cell: one forward + backward step (bench.tools.bench_cells.CellResult.record)
+    Field("batch", "a kernel cell's rows", optional=True),
+    Field("width", "a kernel cell's hidden width", optional=True),
+    Field("activation", "a kernel cell's activation", optional=True),
+    Field("precision", "fp32, tf32 or bf16", optional=True),
+    Field("times_ms", "milliseconds a step per route: eager and graph torch, compile, ours", optional=True),
+    Field("tflops", "TFLOP/s per route", optional=True),
+    Field("speedup_graph_vs_torch", "torch's graph time over ours", optional=True),
+    Field("speedup_graph_vs_compile", "torch.compile's graph time over ours", optional=True),
+    Field("speedup_eager_vs_torch", "eager torch over our eager calls", optional=True),
+    Field("best_baseline", "the fastest of torch's routes", optional=True),
+    Field("speedup_vs_best", "the best baseline's time over ours", optional=True),
+    Field("losing", "whether ours is slower than the best baseline by more than the tolerance", optional=True),
+    Field("tile_sources", "where each layer's tile came from (table, tuning, rule) and how many", optional=True),
+    Field("tile_routes", "the layers that took another route than our kernel, counted", optional=True),
+    Field("tiles", "each layer's launch: shape, tile, route", optional=True),
+    Field("tuning_s", "seconds first-use tuning took in the cell", optional=True),
+    Field("errors", "the routes that failed, with their error", optional=True),
+    # a batch-1 forward (one launch for the whole model)
+    Field("shape", "the served model's depth x width", optional=True),
+    Field("widths", "the layer widths", optional=True),
+    Field("launch", "the launch the forward took", optional=True),
+    Field("gpu_us_per_forward", "GPU microseconds a forward per route (None on a CPU)", optional=True),
+    Field("host_us_per_forward", "host microseconds a forward per route (a CPU's figure)", optional=True),
+    Field("one_launch_speedup", "each other route's time over the one launch", optional=True),
+    # the monitor's overhead
+    Field("median_epoch_s_off", "median epoch with no monitor", optional=True),
+    Field("median_epoch_s_on", "median epoch watched by the monitor", optional=True),
+    Field("overhead", "watched over unwatched, minus one", optional=True),
+    Field("period_s", "the monitor's sampling period", optional=True),
+    Field("epochs_each", "epochs timed each way", optional=True),
+    Field("rounds", "trainings each way, alternated", optional=True),
+    Field("loop", "the training loop timed", optional=True),
+    # the nightly tier's GEMM (bench/test_kernels.py::test_gemm)
+    Field("triton_ms", "our kernel's milliseconds", optional=True),
+    Field("cublas_ms", "cuBLAS's milliseconds", optional=True),
+    Field("triton_tflops", "our kernel's TFLOP/s", optional=True),
+    Field("cublas_tflops", "cuBLAS's TFLOP/s", optional=True),
+    Field("fraction_of_cublas", "cuBLAS's time over ours", optional=True),
+    Field("strict_fp32_kernel", "how strict fp32 ran (LOADBENCH_STRICT_FP32)", optional=True),
 )
 
 # A serving case's extra_info (bench/test_inference.py).

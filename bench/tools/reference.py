@@ -47,6 +47,8 @@ def records_page() -> str:
                 (f"machine_info.{record.RECORD_KEY}.settings", "the options the run was made with",
                  record.SETTINGS_FIELDS),
                 ("extra_info of a training case", "bench/plugin/fixture.py", record.CASE_FIELDS),
+                ("extra_info of a timed call", "a kernel cell, a batch-1 forward, the monitor's overhead, the "
+                 "nightly GEMM: bench/test_kernels.py, bench/test_monitor.py", record.CALL_FIELDS),
                 ("extra_info of a serving case", f"`kind` {record.INFERENCE_KIND!r}: bench/test_inference.py",
                  record.SERVING_FIELDS))
     for title, about, fields in sections:
