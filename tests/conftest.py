@@ -2,9 +2,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+
+from model.data import synthesize
+from model.data import write_csv
 
 pytest_plugins = ["pytester"]
 
@@ -50,6 +54,12 @@ def inprocess_ready() -> None:
         import importlib_metadata  # noqa: F401
     except ImportError:
         pass
+
+
+@pytest.fixture(scope="session")
+def tiny_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small CSV of the synthetic data, for the runs a test starts with --dataset."""
+    return write_csv(synthesize(scale=0.02), tmp_path_factory.mktemp("data") / "tiny.csv")
 
 
 # The root conftest picks Triton's interpreter only where there is no GPU, and Triton reads
