@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.data import Dataset
+from model.data import load_dataset
 from model.data import synthesize
 from model.data import write_csv
 
@@ -56,6 +58,14 @@ def inprocess_ready() -> None:
         pass
 
 
+@pytest.fixture(scope="module")
+def data(request: pytest.FixtureRequest) -> Dataset:
+    """The embedded synthetic data, split, loaded once per module: at the module's
+    DATA_SCALE (0.02 unless it sets one), on its DATA_DEVICE (the CPU unless it sets one)."""
+    return load_dataset("synthetic", scale=getattr(request.module, "DATA_SCALE", 0.02),
+                        device=getattr(request.module, "DATA_DEVICE", "cpu"))
+
+
 @pytest.fixture(scope="session")
 def tiny_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small CSV of the synthetic data, for the runs a test starts with --dataset."""
@@ -71,7 +81,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The slow tests first (a stable sort): pytest-xdist hands tests out in this order, so
     # the longest start early instead of leaving one worker busy at the end.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-    if INTERPRETING or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(no_gpu)
+        return
+    if INTERPRETING:
         return
     skip = pytest.mark.skip(reason="Triton kernels on CPU tensors: on a GPU host run these with "
                                    "TRITON_INTERPRET=1 pytest tests/ -m interpreter")
