@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -70,6 +71,20 @@ def data(request: pytest.FixtureRequest) -> Dataset:
 def tiny_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small CSV of the synthetic data, for the runs a test starts with --dataset."""
     return write_csv(synthesize(scale=0.02), tmp_path_factory.mktemp("data") / "tiny.csv")
+
+
+@pytest.fixture
+def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """kernels.plan.launches with an empty tuning cache in the test's own folder, the
+    default tuning mode and no plans or forced tiles; none left behind for the next test."""
+    from kernels.plan import launches  # triton: loaded by the tests that launch kernels only
+
+    monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LOADBENCH_TUNE", raising=False)
+    launches.reset_launch_state()
+    yield launches
+    launches._FORCED.clear()
+    launches.reset_launch_state()
 
 
 # The root conftest picks Triton's interpreter only where there is no GPU, and Triton reads

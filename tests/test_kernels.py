@@ -347,19 +347,6 @@ def test_bias_gradient_over_a_long_batch_is_as_accurate_as_torch() -> None:
 # -------------------------------------------------- split-K, routes, launch report
 
 
-@pytest.fixture
-def launches(tmp_path, monkeypatch):
-    """A clean launch state (own cache directory) for tests that set tables or force
-    tiles, and the default state back afterwards."""
-    from kernels.plan import launches
-
-    monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    launches.reset_launch_state()
-    yield launches
-    launches._FORCED.clear()
-    launches.reset_launch_state()
-
-
 def forced_run(launches, cfg, m, k, n, activation="leaky_relu", dtype=torch.float32):
     x, w, b, dy = inputs(m, k, n, dtype)
     launches._FORCED["dw"] = cfg
