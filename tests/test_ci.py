@@ -29,6 +29,7 @@ from tests.projects import ROOT
 from tests.projects import TIMER
 from tests.projects import ci
 from tests.projects import write_project
+from tests.runs import write_run
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +87,8 @@ def test_ci_says_when_there_is_no_history_and_keeps_budget_failures(project: Pat
 
 def test_baseline_is_the_newest_run_measured_alike(tmp_path: Path) -> None:
     def run(name: str, when: str, gpu: str | None, profile: str, plant: str | None = None) -> Path:
-        machine = {"loadbench": {"gpu": {"name": gpu} if gpu else None,
-                                 "settings": {"profile": profile, "epochs": 40, "plant": plant}}}
-        path = tmp_path / f"{name}.json"
-        path.write_text(__import__("json").dumps({"machine_info": machine, "datetime": when, "benchmarks": []}))
-        return path
+        settings = {"profile": profile, "epochs": 40, "plant": plant}
+        return write_run(tmp_path / f"{name}.json", {}, gpu=gpu, when=when, settings=settings)
 
     paths = [
         run("old", "2026-01-01T00:00:00", "NVIDIA H100", "quick"),
