@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
+
+from model.data import Dataset
+from model.data import load_dataset
+from model.data import synthesize
+from model.data import write_csv
 
 pytest_plugins = ["pytester"]
 
@@ -52,6 +59,36 @@ def inprocess_ready() -> None:
         pass
 
 
+@pytest.fixture(scope="module")
+def data(request: pytest.FixtureRequest) -> Dataset:
+    """The embedded synthetic data, split, loaded once per module: at the module's
+    DATA_SCALE (0.02 unless it sets one), on its DATA_DEVICE (the CPU unless it sets one)."""
+    return load_dataset("synthetic", scale=getattr(request.module, "DATA_SCALE", 0.02),
+                        device=getattr(request.module, "DATA_DEVICE", "cpu"))
+
+
+@pytest.fixture(scope="session")
+def tiny_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small CSV of the synthetic data, for the runs a test starts with --dataset."""
+    return write_csv(synthesize(scale=0.02), tmp_path_factory.mktemp("data") / "tiny.csv")
+
+
+@pytest.fixture
+def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """kernels.plan.launches with an empty tuning cache in the test's own folder, the
+    default tuning mode and no plans or forced tiles; none left behind for the next test."""
+    from kernels.plan import launches  # triton: loaded by the tests that launch kernels only
+
+    monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LOADBENCH_TUNE", raising=False)
+    launches.reset_launch_state()
+    yield launches
+    from kernels.plan.trials import FORCED
+
+    FORCED.clear()
+    launches.reset_launch_state()
+
+
 # The root conftest picks Triton's interpreter only where there is no GPU, and Triton reads
 # that choice once, at its import: on a GPU host a kernel launched on CPU tensors fails.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -61,7 +98,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The slow tests first (a stable sort): pytest-xdist hands tests out in this order, so
     # the longest start early instead of leaving one worker busy at the end.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-    if INTERPRETING or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(no_gpu)
+        return
+    if INTERPRETING:
         return
     skip = pytest.mark.skip(reason="Triton kernels on CPU tensors: on a GPU host run these with "
                                    "TRITON_INTERPRET=1 pytest tests/ -m interpreter")

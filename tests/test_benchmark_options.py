@@ -1,7 +1,7 @@
 """pytest-benchmark's options as a user sees them: the epochs are the rounds, and every
 option the README's table names is honoured or refused with one line saying why.
 
-Epoch times are planted on pytest-benchmark's timer (tests/test_harness.py), so the
+Epoch times are planted on pytest-benchmark's timer (tests/projects.py), so the
 table's spread and compare-fail's verdicts do not depend on this machine's load."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from model.data import synthesize
-from model.data import write_csv
-from tests.test_harness import PLANTED_TIMER
-from tests.test_harness import TIMER
+from tests.projects import CONFTEST
+from tests.projects import PLANTED_TIMER
+from tests.projects import TIMER
 
 CASES = """
 import pytest
@@ -29,15 +28,10 @@ def test_case(loadbench, case):
 EPOCHS = 8
 
 
-@pytest.fixture(scope="module")
-def tiny_csv(tmp_path_factory) -> Path:
-    return write_csv(synthesize(scale=0.02), tmp_path_factory.mktemp("data") / "tiny.csv")
-
-
 @pytest.fixture
 def run(inprocess_ready: None, pytester: pytest.Pytester, tiny_csv: Path, monkeypatch):
     """A pytest session of the tiny cases inside this process (see test_harness's bench)."""
-    pytester.makeconftest('pytest_plugins = ["bench.plugin"]\n')
+    pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=CASES, planted=PLANTED_TIMER)
     pytester.syspathinsert()
     (pytester.path / "budgets.toml").write_text("[defaults]\n")

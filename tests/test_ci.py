@@ -1,7 +1,7 @@
 """`python -m bench.tools.ci` end to end on the CPU: main's runs stored, pull requests
 judged against them, the job summary written from the gate's verdicts.
 
-Epoch times are planted on pytest-benchmark's timer (tests/test_harness.py's PLANTED_TIMER), so
+Epoch times are planted on pytest-benchmark's timer (tests/projects.py), so
 the gate's decisions do not depend on how busy this machine is."""
 
 from __future__ import annotations
@@ -26,42 +26,22 @@ from bench.tools.ci import parse_args
 from bench.tools.ci import read_verdicts
 from bench.tools.ci import summary_markdown
 from bench.tools.ci import wanted_settings
-from model.data import synthesize
-from model.data import write_csv
-from tests.test_harness import CASES
-from tests.test_harness import CONFTEST
-from tests.test_harness import PLANTED_TIMER
-from tests.test_harness import TIMER
-
-GATE = "[defaults]\ntime_slower_pct = 10\ntime_noise_k = 3\ntime_noise_unknown_pct = 25\ntime_alpha = 0.01\n"
-ROOT = Path(__file__).resolve().parents[1]
+from tests.projects import ROOT
+from tests.projects import TIMER
+from tests.projects import ci
+from tests.projects import write_project
+from tests.runs import write_run
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A folder laid out like a user's checkout: conftest, two tiny cases, a CSV, budgets."""
-    root = tmp_path_factory.mktemp("project")
-    (root / "conftest.py").write_text(CONFTEST)
-    (root / "test_cases.py").write_text(CASES)
-    (root / "planted.py").write_text(PLANTED_TIMER)
-    (root / "budgets.toml").write_text(GATE)
-    write_csv(synthesize(scale=0.02), root / "tiny.csv")
-    return root
-
-
-def ci(project: Path, mode: str, out: str, epoch_s: float, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PLANTED_EPOCH_S": str(epoch_s), "PYTHONPATH": str(ROOT), "GITHUB_STEP_SUMMARY": ""}
-    env.pop("GITHUB_SHA", None)
-    command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(project / "main-runs"),
-               "--out", str(project / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history", *extra,
-               "--", "--device=cpu", f"--dataset={project / 'tiny.csv'}", f"--budgets={project / 'budgets.toml'}",
-               TIMER, "--time-gate=on", "-q"]
-    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    return write_project(tmp_path_factory.mktemp("project"))
 
 
 @pytest.mark.slow
 def test_ci_gates_a_pull_request_against_mains_stored_runs(project: Path) -> None:
-    done = ci(project, "main", "main0", 0.1)
+    done = ci(project, "main", "main0", PLANTED_EPOCH_S="0.1")
     assert done.returncode == 0, done.stdout + done.stderr
     (first,) = sorted((project / "main-runs").glob("*/*.json"))
     # Two more runs of main, as two later pushes would store them: the planted timer makes
@@ -74,7 +54,7 @@ def test_ci_gates_a_pull_request_against_mains_stored_runs(project: Path) -> Non
     stored = sorted((project / "main-runs").glob("*/*.json"))
     assert len(stored) == 3
 
-    slow = ci(project, "pr", "pr-slow", 0.14)  # every epoch 40% slower
+    slow = ci(project, "pr", "pr-slow", PLANTED_EPOCH_S="0.14")  # every epoch 40% slower
     summary = (project / "pr-slow" / "summary.md").read_text()
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "FAILED" in summary and "2 regressed" in summary
@@ -85,7 +65,7 @@ def test_ci_gates_a_pull_request_against_mains_stored_runs(project: Path) -> Non
     assert len(sorted((project / "main-runs").glob("*/*.json"))) == 3  # a pull request stores nothing
 
     tiers, gates = project / "rows" / "tier-times.csv", project / "rows" / "gate-runs.csv"
-    same = ci(project, "pr", "pr-same", 0.1, "--tier-rows", str(tiers), "--rows", str(gates))
+    same = ci(project, "pr", "pr-same", "--tier-rows", str(tiers), "--rows", str(gates), PLANTED_EPOCH_S="0.1")
     summary = (project / "pr-same" / "summary.md").read_text()
     assert same.returncode == 0, same.stdout + same.stderr
     assert "passed" in summary and "2 ok" in summary and "regressed" not in summary
@@ -117,11 +97,8 @@ def test_ci_says_when_there_is_no_history_and_keeps_budget_failures(project: Pat
 
 def test_baseline_is_the_newest_run_measured_alike(tmp_path: Path) -> None:
     def run(name: str, when: str, gpu: str | None, profile: str, plant: str | None = None) -> Path:
-        machine = {"loadbench": {"gpu": {"name": gpu} if gpu else None,
-                                 "settings": {"profile": profile, "epochs": 40, "plant": plant}}}
-        path = tmp_path / f"{name}.json"
-        path.write_text(__import__("json").dumps({"machine_info": machine, "datetime": when, "benchmarks": []}))
-        return path
+        settings = {"profile": profile, "epochs": 40, "plant": plant}
+        return write_run(tmp_path / f"{name}.json", {}, gpu=gpu, when=when, settings=settings)
 
     paths = [
         run("old", "2026-01-01T00:00:00", "NVIDIA H100", "quick"),

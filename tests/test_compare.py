@@ -22,20 +22,18 @@ from bench.gate.verdict import STATUSES
 from bench.gate.verdict import Verdict
 from bench.plugin.verdicts import judge_in_test
 from bench.tools.compare import main
+from tests import runs
+from tests.runs import H100
+from tests.runs import record
+from tests.runs import write_run
 
-GPU = "NVIDIA H100 80GB HBM3"
+GPU = H100
 SETTINGS = {"profile": "smoke", "epochs": 8, "dataset": "synthetic", "device": "cuda", "loop": "graph",
             "impl": "torch", "optimizer_impl": "torch", "precision": "fp32", "plant": None, "latency_pin": False}
 TRAINING = {"units-128": "test_hidden_units", "batch-64": "test_batch_size"}
-BUDGETS = """\
-[defaults]
-time_slower_pct = 10
+BUDGETS = runs.BUDGETS + """\
 time_noise_k = 3
 time_noise_unknown_pct = 25
-time_alpha = 0.01
-time_hard_ratio = 2.0
-accuracy_drop_max = 0.03
-macro_f1_drop_max = 0.04
 energy_growth_pct = 15
 
 [inference.defaults]
@@ -65,15 +63,14 @@ BMF_SCHEMA = {
 
 
 def fullname(case: str) -> str:
-    return f"bench/test_experiments.py::{TRAINING[case]}[{case}]"
+    return runs.fullname(case, TRAINING[case])
 
 
 def training(case: str, median: float, *, accuracy: float = 0.80, energy: float | None = 12.0) -> dict:
     """A training record whose steady epochs scatter 0.2% around `median` (first epoch apart)."""
     steady = [median * (1 + 0.002 * (i % 5 - 2)) for i in range(20)]
-    return {"case": case, "experiment": case.split("-")[0], "epoch_seconds_by_round": [[10 * median, *steady]],
-            "median_epoch_s": median, "accuracy": accuracy, "macro_f1": accuracy - 0.1,
-            "energy_per_epoch_j": energy, "throttled": False}
+    return record(case, steady, first=10 * median, accuracy=accuracy, macro_f1=accuracy - 0.1,
+                  energy_per_epoch_j=energy, throttled=False)
 
 
 def serving(variant: str, p99: float, drop: float) -> dict:
@@ -87,16 +84,10 @@ def serving_name(variant: str) -> str:
     return f"bench/test_inference.py::test_serving[blocks-3-{variant}-torch]"
 
 
-def write_run(path: Path, day: int, records: dict[str, dict], *, gpu: str = GPU, commit: str = "", **settings) -> Path:
-    """A pytest-benchmark run file of mlp-loadbench holding `records` (fullname -> extra_info)."""
-    benchmarks = [{"fullname": name, "name": name.split("::")[-1], "group": None, "stats": {}, "extra_info": info}
-                  for name, info in records.items()]
-    run = {"machine_info": {"node": "runner", "loadbench": {"gpu": {"name": gpu}, "settings": SETTINGS | settings}},
-           "commit_info": {"id": commit or f"{day:02d}" * 20}, "datetime": f"2026-03-{day:02d}T12:00:00",
-           "version": "5.1.0", "benchmarks": benchmarks}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(run))
-    return path
+def day_run(path: Path, day: int, records: dict[str, dict], *, gpu: str = GPU, commit: str = "", **settings) -> Path:
+    """A run file holding `records` (fullname -> extra_info), saved on day `day` of March."""
+    return write_run(path, records, gpu=gpu, commit=commit or f"{day:02d}" * 20, when=f"2026-03-{day:02d}T12:00:00",
+                     settings=SETTINGS | settings)
 
 
 def cases(slowdown: float = 1.0, drift: float = 1.0, **kwargs) -> dict[str, dict]:
@@ -116,8 +107,8 @@ def stored(tmp_path: Path) -> Path:
     """Storage of one machine: three earlier runs a percent apart, then OLD (0004)."""
     folder = tmp_path / ".benchmarks" / "Linux-CPython-3.11-64bit"
     for day, drift in enumerate((1.01, 0.99, 1.005), start=1):
-        write_run(folder / f"{day:04d}_run.json", day, cases(drift=drift))
-    write_run(folder / "0004_old.json", 4, cases())
+        day_run(folder / f"{day:04d}_run.json", day, cases(drift=drift))
+    day_run(folder / "0004_old.json", 4, cases())
     return folder
 
 
@@ -135,7 +126,7 @@ def row(markdown: str, label: str) -> str:
 
 
 def test_an_aa_pair_passes_and_names_both_runs(stored, tmp_path, budgets, capsys) -> None:
-    new = write_run(tmp_path / "new.json", 5, cases(), commit="feedface" * 5)
+    new = day_run(tmp_path / "new.json", 5, cases(), commit="feedface" * 5)
     code, out, err = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
     assert code == 0, out
     assert err == ""
@@ -148,7 +139,7 @@ def test_an_aa_pair_passes_and_names_both_runs(stored, tmp_path, budgets, capsys
 
 
 def test_epochs_planted_30pct_slower_regress_with_the_rule_and_numbers(stored, tmp_path, budgets, capsys) -> None:
-    new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.3))
+    new = day_run(tmp_path / "new.json", 5, cases(slowdown=1.3))
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
     assert code == 1
     assert "**regressed**: median_epoch_s" in row(out, "units-128")
@@ -164,20 +155,20 @@ def test_epochs_planted_30pct_slower_regress_with_the_rule_and_numbers(stored, t
 
 def test_without_history_the_conservative_bound_applies_and_is_said(stored, tmp_path, budgets, capsys) -> None:
     old = stored / "0004_old.json"
-    mild = write_run(tmp_path / "mild.json", 5, cases(slowdown=1.15))
+    mild = day_run(tmp_path / "mild.json", 5, cases(slowdown=1.15))
     assert compare(capsys, old, mild, "--budgets", budgets)[0] == 1  # +15% > 10%: the history knows the noise
     code, out, _ = compare(capsys, old, mild, "--budgets", budgets, "--no-history")
     assert code == 0  # +15% inside the assumed 25%
     assert "noise unknown for 2 case(s): a conservative bound applied" in out
-    slow = write_run(tmp_path / "slow.json", 5, cases(slowdown=1.3))
+    slow = day_run(tmp_path / "slow.json", 5, cases(slowdown=1.3))
     code, out, _ = compare(capsys, old, slow, "--budgets", budgets, "--no-history")
     assert code == 1 and "limit from noise unknown (1 stored run(s)" in out
 
 
 def test_history_given_elsewhere_tells_the_noise(stored, tmp_path, budgets, capsys) -> None:
     lone = tmp_path / "lone"
-    old = write_run(lone / "old.json", 4, cases())
-    new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.15))
+    old = day_run(lone / "old.json", 4, cases())
+    new = day_run(tmp_path / "new.json", 5, cases(slowdown=1.15))
     assert compare(capsys, old, new, "--budgets", budgets)[0] == 0  # nothing beside OLD: noise unknown
     files = [arg for day in (1, 2, 3) for arg in ("--history", stored / f"{day:04d}_run.json")]
     code, out, _ = compare(capsys, old, new, "--budgets", budgets, *files)
@@ -189,7 +180,7 @@ def test_history_given_elsewhere_tells_the_noise(stored, tmp_path, budgets, caps
 
 def test_a_planted_run_is_judged_against_an_unplanted_one_and_says_so(stored, tmp_path, budgets, capsys) -> None:
     """As the session judges it: a planted run exists to show what the gate catches."""
-    new = write_run(tmp_path / "new.json", 5, cases(slowdown=2.5), plant="150%:host")
+    new = day_run(tmp_path / "new.json", 5, cases(slowdown=2.5), plant="150%:host")
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
     assert code == 1
     assert "**Planted**: NEW's planted slowdown 150%:host: judged against the unplanted OLD" in out
@@ -216,7 +207,7 @@ def test_a_planted_baseline_does_not_gate(stored, tmp_path, budgets, capsys) -> 
     ({"gpu": "NVIDIA H200", "epochs": 40}, f"OLD ran on {GPU}, NEW on NVIDIA H200; OLD ran epochs=8, NEW epochs=40"),
 ])
 def test_other_settings_or_gpu_are_not_gated(stored, tmp_path, budgets, capsys, change, reason) -> None:
-    new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.5), **change)
+    new = day_run(tmp_path / "new.json", 5, cases(slowdown=1.5), **change)
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--json")
     assert code == 0
     verdicts = [item["verdict"] for item in json.loads(out)]
@@ -281,8 +272,8 @@ def test_a_traced_regression_lists_the_kernels_that_grew(stored, tmp_path, budge
         return {name: info | {"kernel_trace": table} for name, info in records.items()}
 
     before = {"sgemm_nn": (159, 20_000.0), "adam_kernel": (159, 4_000.0)}
-    old = write_run(tmp_path / "old" / "old.json", 4, traced(cases(), before))
-    new = write_run(tmp_path / "new.json", 5, traced(cases(slowdown=1.3), before | {"planted_spin": (159, 30_000.0)}))
+    old = day_run(tmp_path / "old" / "old.json", 4, traced(cases(), before))
+    new = day_run(tmp_path / "new.json", 5, traced(cases(slowdown=1.3), before | {"planted_spin": (159, 30_000.0)}))
     code, out, _ = compare(capsys, old, new, "--budgets", budgets)
     assert code == 1
     assert "    - kernels that grew most:\n    - +30000 µs/epoch  planted_spin (new: 159 calls/epoch)" in out
@@ -290,7 +281,7 @@ def test_a_traced_regression_lists_the_kernels_that_grew(stored, tmp_path, budge
 
 def test_a_new_case_is_not_compared(stored, tmp_path, budgets, capsys) -> None:
     records = cases() | {"bench/test_experiments.py::test_optimizer[opt-sgd]": training("opt-sgd", 0.1)}
-    new = write_run(tmp_path / "new.json", 5, records)
+    new = day_run(tmp_path / "new.json", 5, records)
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
     assert code == 0
     assert row(out, "opt-sgd").rstrip(" |").endswith("not compared (a new case: not in OLD)")
@@ -299,7 +290,7 @@ def test_a_new_case_is_not_compared(stored, tmp_path, budgets, capsys) -> None:
 
 def test_floors_judge_only_with_budgets_too(stored, tmp_path, budgets, capsys) -> None:
     budgets.write_text(BUDGETS + "\n[datasets.synthetic.defaults]\naccuracy_min = 0.9\n")
-    new = write_run(tmp_path / "new.json", 5, cases())
+    new = day_run(tmp_path / "new.json", 5, cases())
     assert compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)[0] == 0
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--budgets-too")
     assert code == 1
@@ -309,21 +300,21 @@ def test_floors_judge_only_with_budgets_too(stored, tmp_path, budgets, capsys) -
 
 def test_floors_do_not_judge_a_run_of_other_epochs_than_its_profiles(stored, tmp_path, budgets, capsys) -> None:
     budgets.write_text(BUDGETS + "\n[datasets.synthetic.defaults]\naccuracy_min = 0.9\n")
-    new = write_run(tmp_path / "new.json", 5, cases(), epochs=2)
+    new = day_run(tmp_path / "new.json", 5, cases(), epochs=2)
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--budgets-too")
     assert code == 0 and "below its floor" not in out
     assert "accuracy and F1 floors not judged: floors set for 8 epochs of the smoke profile; this run trained 2" in out
 
 
 def test_a_partial_run_file_is_read_like_any_run(stored, tmp_path, budgets, capsys) -> None:
-    new = write_run(tmp_path / "run.partial.json", 5, {fullname("units-128"): training("units-128", 0.1)})
+    new = day_run(tmp_path / "run.partial.json", 5, {fullname("units-128"): training("units-128", 0.1)})
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
     assert code == 0
     assert row(out, "units-128") and "1 case(s) of OLD not in NEW: batch-64" in out
 
 
 def test_json_gives_each_case_its_verdict_and_deltas(stored, tmp_path, budgets, capsys) -> None:
-    new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.3, accuracy=0.82))
+    new = day_run(tmp_path / "new.json", 5, cases(slowdown=1.3, accuracy=0.82))
     out_file = tmp_path / "out" / "verdicts.json"
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--json", "--out", out_file)
     assert code == 1 and out == ""
@@ -344,7 +335,7 @@ def test_json_gives_each_case_its_verdict_and_deltas(stored, tmp_path, budgets, 
 
 def test_a_trade_off_variant_whose_drop_grew_beyond_its_limit_regresses(tmp_path, budgets, capsys) -> None:
     def run(path: Path, day: int, drop: float) -> Path:
-        return write_run(path, day, {serving_name("fp32"): serving("fp32", 30e-6, 0.0),
+        return day_run(path, day, {serving_name("fp32"): serving("fp32", 30e-6, 0.0),
                                      serving_name("prune-90"): serving("prune-90", 25e-6, drop)})
 
     old = run(tmp_path / "old" / "old.json", 1, 0.05)
@@ -403,7 +394,7 @@ def test_unusable_input_gives_one_line_naming_the_file(stored, tmp_path, budgets
 
 
 def test_unusable_old_and_budgets_are_named_too(stored, tmp_path, budgets, capsys) -> None:
-    new = write_run(tmp_path / "new.json", 5, cases())
+    new = day_run(tmp_path / "new.json", 5, cases())
     code, _, err = compare(capsys, tmp_path / "gone.json", new, "--budgets", budgets)
     assert code == 2 and err == f"mlp-loadbench compare: OLD {tmp_path / 'gone.json'}: no such file\n"
     code, _, err = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--history", tmp_path / "none")
@@ -415,7 +406,7 @@ def test_unusable_old_and_budgets_are_named_too(stored, tmp_path, budgets, capsy
 
 
 def test_one_run_without_export_is_a_usage_error(tmp_path, capsys) -> None:
-    new = write_run(tmp_path / "new.json", 5, cases())
+    new = day_run(tmp_path / "new.json", 5, cases())
     with pytest.raises(SystemExit) as exit_:
         main([str(new)])
     assert exit_.value.code == 2
@@ -436,7 +427,7 @@ def test_old_and_new_the_same_file_is_refused_not_passed(stored, tmp_path, budge
 @pytest.mark.parametrize("role", ["OLD", "NEW"])
 def test_an_output_over_an_input_is_refused_and_the_input_kept(stored, tmp_path, budgets, capsys, option,
                                                                 role) -> None:
-    old, new = stored / "0004_old.json", write_run(tmp_path / "new.json", 5, cases())
+    old, new = stored / "0004_old.json", day_run(tmp_path / "new.json", 5, cases())
     target = old if role == "OLD" else new
     before = target.read_bytes()
     args = ["--out", target] if option == "--out" else ["--export", "bencher", target]
@@ -452,8 +443,8 @@ def test_two_records_with_one_label_are_told_apart_in_the_summary_and_the_export
                                                                                    capsys) -> None:
     """A loop case and an experiment case can both record case units-128: neither may hide the other."""
     twin = "bench/test_loops.py::test_loop[units-128]"
-    old = write_run(tmp_path / "old.json", 4, cases() | {twin: training("units-128", 0.3)})
-    new = write_run(tmp_path / "new.json", 5, cases() | {twin: training("units-128", 0.3 * 1.4)})
+    old = day_run(tmp_path / "old.json", 4, cases() | {twin: training("units-128", 0.3)})
+    new = day_run(tmp_path / "new.json", 5, cases() | {twin: training("units-128", 0.3 * 1.4)})
     code, out, _ = compare(capsys, old, new, "--budgets", budgets, "--no-history")
     assert code == 1
     assert "| units-128 (test_hidden_units[units-128]) " in out and "| units-128 (test_loop[units-128]) " in out
@@ -477,7 +468,7 @@ def test_two_records_with_one_label_are_told_apart_in_the_summary_and_the_export
 def _published(tmp_path: Path) -> Path:
     records = cases(energy=None) | {fullname("units-128"): training("units-128", 0.1, energy=12.5)}
     records |= {serving_name("fp32"): serving("fp32", 30e-6, 0.0)}
-    return write_run(tmp_path / "new.json", 5, records)
+    return day_run(tmp_path / "new.json", 5, records)
 
 
 def test_bencher_export_follows_the_bencher_metric_format(tmp_path, capsys) -> None:
@@ -528,7 +519,7 @@ def test_unknown_export_format_is_a_usage_error(tmp_path, capsys) -> None:
 
 
 def test_the_module_runs_as_a_command(stored, tmp_path, budgets) -> None:
-    new = write_run(tmp_path / "new.json", 5, cases(slowdown=1.3))
+    new = day_run(tmp_path / "new.json", 5, cases(slowdown=1.3))
     done = subprocess.run([sys.executable, "-m", "bench.tools.compare", str(stored / "0004_old.json"), str(new),
                            "--budgets", str(budgets)], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert done.returncode == 1, done.stderr
@@ -539,14 +530,14 @@ def test_the_module_runs_as_a_command(stored, tmp_path, budgets) -> None:
 
 
 def test_a_run_cut_short_is_named_in_the_summary(stored, tmp_path, budgets, capsys) -> None:
-    new = write_run(tmp_path / "new.json", 5, dict(list(cases().items())[:2]))
+    new = day_run(tmp_path / "new.json", 5, dict(list(cases().items())[:2]))
     data = json.loads(new.read_text())
     data["machine_info"]["loadbench"]["run"] = {"state": "interrupted", "collected": 6, "stored": 2, "cut_short": []}
     new.write_text(json.dumps(data))
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets)
     assert code == 0
     assert "- NEW is not a whole run: the run was interrupted: it holds 2 finished case(s) of 6 collected" in out
-    whole = write_run(tmp_path / "whole.json", 6, cases())
+    whole = day_run(tmp_path / "whole.json", 6, cases())
     assert "not a whole run" not in compare(capsys, stored / "0004_old.json", whole, "--budgets", budgets)[1]
 
 

@@ -15,15 +15,9 @@ from model.compress import linear_layers
 from model.compress import two_four_mask
 from model.compress import unsupported_reason
 from model.config import TrainConfig
-from model.data import load_dataset
 from model.mlp import MLP
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def data():
-    return load_dataset(scale=0.02)
 
 
 @pytest.fixture

@@ -9,21 +9,14 @@ sides of every pair; a slower commit only the change's side."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from model.data import synthesize
-from model.data import write_csv
-from tests.test_harness import CASES
-from tests.test_harness import CONFTEST
-from tests.test_harness import TIMER
+from tests.projects import ci as run_ci
+from tests.projects import write_project
 
-ROOT = Path(__file__).resolve().parents[1]
-GATE = "[defaults]\ntime_slower_pct = 10\ntime_noise_k = 3\ntime_noise_unknown_pct = 25\ntime_alpha = 0.01\n"
 CHECKOUT_TIMER = """
 import itertools, os
 from pathlib import Path
@@ -46,14 +39,9 @@ def git(repo: Path, *args: str) -> None:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
     """A git checkout with main's commit and three of its runs stored, as three pushes would leave them."""
-    root = tmp_path_factory.mktemp("checkout")
-    (root / "conftest.py").write_text(CONFTEST)
-    (root / "test_cases.py").write_text(CASES)
-    (root / "planted.py").write_text(CHECKOUT_TIMER)
-    (root / "budgets.toml").write_text(GATE)
+    root = write_project(tmp_path_factory.mktemp("checkout"), CHECKOUT_TIMER)
     (root / "epoch_s.txt").write_text("0.1\n")
     (root / ".gitignore").write_text("main-runs/\nout-*/\n__pycache__/\n.benchmarks/\n")
-    write_csv(synthesize(scale=0.02), root / "tiny.csv")
     git(root, "init", "-q", "-b", "main")
     git(root, "add", ".")
     git(root, "commit", "-q", "-m", "main")
@@ -65,13 +53,7 @@ def checkout(tmp_path_factory) -> Path:
 
 
 def ci(root: Path, mode: str, out: str, drift: float = 1.0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PLANTED_DRIFT": str(drift), "PYTHONPATH": str(ROOT), "GITHUB_STEP_SUMMARY": ""}
-    env.pop("GITHUB_SHA", None)
-    command = [sys.executable, "-m", "bench.tools.ci", mode, "--storage", str(root / "main-runs"),
-               "--out", str(root / out), "--bench", "test_cases.py", "--gpu", "no GPU", "--no-history",
-               "--pairs", "2", "--", "--device=cpu", f"--dataset={root / 'tiny.csv'}",
-               f"--budgets={root / 'budgets.toml'}", TIMER, "--time-gate=on", "-q"]
-    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    return run_ci(root, mode, out, "--pairs", "2", timeout=900, PLANTED_DRIFT=str(drift))
 
 
 def verdicts(run: Path) -> dict[str, dict]:

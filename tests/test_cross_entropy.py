@@ -8,11 +8,9 @@ import torch.nn.functional as F
 
 from kernels.ops import cross_entropy as op
 from kernels.ops.cross_entropy import cross_entropy
+from tests.devices import DEVICE
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
 def both(batch: int, dtype: torch.dtype, classes: int = 10, seed: int = 0):
@@ -94,7 +92,6 @@ def test_bad_shapes_are_named() -> None:
 
 
 @gpu
-@needs_gpu
 def test_cuda_graph_capture_and_replay() -> None:
     logits = torch.randn(513, 10, device="cuda", requires_grad=True)
     target = torch.randint(0, 10, (513,), device="cuda")

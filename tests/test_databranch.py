@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,10 +16,15 @@ from bench.tools import databranch
 from bench.tools.databranch import main
 from bench.tools.databranch import shown
 from bench.tools.databranch import thin
+from tests.runs import H100
+from tests.runs import H200
+from tests.runs import STEADY
+from tests.runs import fullname
+from tests.runs import not_a_run
+from tests.runs import record
+from tests.runs import write_run
 
-H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 CASES = ("units-128", "units-256")
-STEADY = [0.100, 0.102, 0.098, 0.101, 0.099, 0.103, 0.097] * 3  # per-epoch seconds after the first
 
 
 @pytest.fixture(autouse=True)
@@ -50,33 +53,12 @@ def branch_files(bare: Path, branch: str = "bench-data") -> list[str]:
     return git("ls-tree", "-r", "--name-only", branch, cwd=bare).split()
 
 
-def record(case: str, gpu: str | None, accuracy: float = 0.75) -> dict[str, Any]:
-    """A case's extra_info as the fixture stores it, with what the report reads."""
-    epochs = [(1 + CASES.index(case) / 10) * s for s in STEADY]
-    on_gpu = gpu is not None
-    return {
-        "case": case, "experiment": "units", "profile": "quick",
-        "epoch_seconds_by_round": [[2 * epochs[0], *epochs]], "median_epoch_s": statistics.median(epochs),
-        "train_seconds": sum(epochs), "accuracy": accuracy, "macro_f1": accuracy - 0.03,
-        "vram_peak_mib": 100.0 if on_gpu else None, "rss_peak_mib": 1500.0,
-        "energy_j": 300.0 if on_gpu else None, "energy_per_epoch_j": 10.0 if on_gpu else None,
-        "load": {"normalized": {"gpu_busy": 0.7 if on_gpu else None, "sm_activity": None, "cpu_process": 0.05}},
-        "series_path": f"series/test_units[{case}].csv",
-    }
-
-
-def write_run(path: Path, gpu: str | None, commit: str, when: str) -> Path:
+def saved_run(path: Path, gpu: str | None, commit: str, when: str) -> Path:
     """A run of the two cases on `gpu` at commit `commit` (hex), saved at `when` (ISO, UTC)."""
-    run = {
-        "datetime": when,
-        "commit_info": {"id": commit + "0" * (40 - len(commit))},
-        "machine_info": {"loadbench": {"gpu": {"name": gpu} if gpu else None,
-                                       "settings": {"profile": "quick", "dataset": "synthetic", "epochs": 22}}},
-        "benchmarks": [{"name": f"test_units[{case}]", "fullname": f"bench/test_experiments.py::test_units[{case}]",
-                        "extra_info": record(case, gpu)} for case in CASES],
-    }
-    path.write_text(json.dumps(run))
-    return path
+    records = {fullname(case, "test_units"): record(case, [(1 + CASES.index(case) / 10) * s for s in STEADY], gpu=gpu,
+                                                    series_path=f"series/test_units[{case}].csv")
+               for case in CASES}
+    return write_run(path, records, gpu=gpu, commit=commit, when=when)
 
 
 def push(run: Path, repo: Path | str, runner: str, *extra: str) -> int:
@@ -92,8 +74,8 @@ def test_two_runners_share_one_history(tmp_path, bare, monkeypatch, capsys) -> N
     git("remote", "add", "origin", str(bare), cwd=checkout)
     head = git("rev-parse", "HEAD", cwd=checkout)
     monkeypatch.chdir(checkout)
-    h100 = write_run(tmp_path / "h100.json", H100, "aaaa1111", "2999-01-01T10:00:00.5+00:00")
-    h200 = write_run(tmp_path / "h200.json", H200, "aaaa1111", "2999-01-01T11:00:00+01:00")
+    h100 = saved_run(tmp_path / "h100.json", H100, "aaaa1111", "2999-01-01T10:00:00.5+00:00")
+    h200 = saved_run(tmp_path / "h200.json", H200, "aaaa1111", "2999-01-01T11:00:00+01:00")
     assert push(h100, "origin", "gpu-box_1") == 0
     assert push(h200, "origin", "gpu-box-2") == 0
     assert branch_files(bare) == ["runs/nvidia-h100-80gb-hbm3/29990101T100000Z_aaaa1111_gpu-box-1.json",
@@ -120,7 +102,7 @@ def test_two_runners_share_one_history(tmp_path, bare, monkeypatch, capsys) -> N
 def test_the_identity_comes_from_the_environment_where_set(tmp_path, bare, monkeypatch) -> None:
     monkeypatch.setenv("LOADBENCH_GIT_NAME", "bench bot")
     monkeypatch.setenv("LOADBENCH_GIT_EMAIL", "bot@example.org")
-    assert push(write_run(tmp_path / "r.json", None, "bbbb2222", "2999-01-01T10:00:00"), bare, "cpu") == 0
+    assert push(saved_run(tmp_path / "r.json", None, "bbbb2222", "2999-01-01T10:00:00"), bare, "cpu") == 0
     assert branch_files(bare) == ["runs/no-gpu/29990101T100000Z_bbbb2222_cpu.json"]
     assert git("log", "--format=%an <%ae>", "bench-data", cwd=bare).strip() == "bench bot <bot@example.org>"
 
@@ -131,7 +113,7 @@ def test_series_are_thinned_to_500_rows_beside_the_run(tmp_path, bare) -> None:
     rows = [f"{i * 0.1:.1f},{i % 7}" for i in range(1200)]
     (series / "test_units[units-128].csv").write_text("t,cpu_process\n" + "\n".join(rows) + "\n")
     (series / "unrelated.csv").write_text("t\n1\n")  # another run's: not pushed
-    run = write_run(tmp_path / "r.json", H100, "cccc3333", "2999-01-01T10:00:00")
+    run = saved_run(tmp_path / "r.json", H100, "cccc3333", "2999-01-01T10:00:00")
     assert push(run, bare, "box", "--series", str(series)) == 0
     stem = "29990101T100000Z_cccc3333_box"
     assert branch_files(bare) == [f"runs/nvidia-h100-80gb-hbm3/{stem}.json", f"series/{stem}/test_units[units-128].csv"]
@@ -146,8 +128,8 @@ def test_thin_keeps_short_series_whole_and_long_ones_under_the_limit() -> None:
 
 
 def test_a_rerun_of_one_commit_gets_its_own_file(tmp_path, bare, capsys) -> None:
-    first = write_run(tmp_path / "1.json", H100, "dddd4444", "2999-01-01T10:00:00")
-    again = write_run(tmp_path / "2.json", H100, "dddd4444", "2999-01-01T10:00:01")  # a second later
+    first = saved_run(tmp_path / "1.json", H100, "dddd4444", "2999-01-01T10:00:00")
+    again = saved_run(tmp_path / "2.json", H100, "dddd4444", "2999-01-01T10:00:01")  # a second later
     assert push(first, bare, "box-a") == 0 and push(again, bare, "box-a") == 0
     assert push(first, bare, "box-b") == 0  # another runner in the same second
     assert [Path(f).stem for f in branch_files(bare)] == [
@@ -160,9 +142,9 @@ def test_a_rerun_of_one_commit_gets_its_own_file(tmp_path, bare, capsys) -> None
 
 
 def test_a_push_that_loses_the_race_is_redone_on_the_new_tip(tmp_path, bare, monkeypatch, capsys) -> None:
-    ours = write_run(tmp_path / "ours.json", H100, "eeee5555", "2999-01-02T10:00:00")
-    theirs = write_run(tmp_path / "theirs.json", H200, "eeee5555", "2999-01-02T10:00:00")
-    assert push(write_run(tmp_path / "old.json", H100, "eeee0000", "2999-01-01T10:00:00"), bare, "box-1") == 0
+    ours = saved_run(tmp_path / "ours.json", H100, "eeee5555", "2999-01-02T10:00:00")
+    theirs = saved_run(tmp_path / "theirs.json", H200, "eeee5555", "2999-01-02T10:00:00")
+    assert push(saved_run(tmp_path / "old.json", H100, "eeee0000", "2999-01-01T10:00:00"), bare, "box-1") == 0
     real_git = databranch.git
     raced = []
 
@@ -188,7 +170,7 @@ def test_a_push_rejected_every_time_gives_up_with_one_line(tmp_path, bare, capsy
     hook = bare / "hooks" / "pre-receive"
     hook.write_text(f'#!/bin/sh\necho tried >> "{tmp_path / "tries"}"\necho "pushes are closed" >&2\nexit 1\n')
     hook.chmod(0o755)
-    run = write_run(tmp_path / "r.json", H100, "ffff6666", "2999-01-01T10:00:00")
+    run = saved_run(tmp_path / "r.json", H100, "ffff6666", "2999-01-01T10:00:00")
     assert push(run, bare, "box", "--attempts", "3") == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
@@ -198,20 +180,15 @@ def test_a_push_rejected_every_time_gives_up_with_one_line(tmp_path, bare, capsy
     assert git("for-each-ref", cwd=bare) == ""  # nothing landed
 
 
-BAD_RUNS = {  # file name: (contents, None for no file; what the error must say)
-    "missing.json": (None, "cannot be read"),
-    "corrupt.json": ("{oops", "corrupt JSON at line 1"),
-    "foreign.json": (json.dumps({"benchmarks": [], "machine_info": {}}), "not made by mlp-loadbench"),
-}
+# Files of tests.runs.NOT_RUNS: what the error must say of each.
+BAD_RUNS = {"missing.json": "cannot be read", "corrupt.json": "corrupt JSON at line 1",
+            "foreign.json": "not made by mlp-loadbench"}
 
 
 @pytest.mark.parametrize("name", BAD_RUNS)
 @pytest.mark.parametrize("command", ["push", "build"])
 def test_a_file_that_is_not_our_run_is_refused_before_any_git_work(tmp_path, bare, capsys, name, command) -> None:
-    contents, reason = BAD_RUNS[name]
-    path = tmp_path / name
-    if contents is not None:
-        path.write_text(contents)
+    path, reason = not_a_run(tmp_path, name), BAD_RUNS[name]
     args = [str(path)] if command == "push" else ["--extra", str(path), "--out", str(tmp_path / "site")]
     assert main([command, *args, "--repo", str(bare)]) == 2
     err = capsys.readouterr().err
@@ -220,7 +197,7 @@ def test_a_file_that_is_not_our_run_is_refused_before_any_git_work(tmp_path, bar
 
 
 def test_a_series_folder_that_is_not_there_is_refused(tmp_path, bare, capsys) -> None:
-    run = write_run(tmp_path / "r.json", H100, "abab1212", "2999-01-01T10:00:00")
+    run = saved_run(tmp_path / "r.json", H100, "abab1212", "2999-01-01T10:00:00")
     assert push(run, bare, "box", "--series", str(tmp_path / "nowhere")) == 2
     assert capsys.readouterr().err == f"mlp-loadbench history: --series {tmp_path / 'nowhere'}: not a folder\n"
     assert git("for-each-ref", cwd=bare) == ""
@@ -229,7 +206,7 @@ def test_a_series_folder_that_is_not_there_is_refused(tmp_path, bare, capsys) ->
 @pytest.mark.parametrize("command", ["push", "pull"])
 def test_a_repository_that_cannot_be_reached_is_named(tmp_path, capsys, command) -> None:
     nowhere = tmp_path / "nowhere.git"
-    run = write_run(tmp_path / "r.json", H100, "cdcd3434", "2999-01-01T10:00:00")
+    run = saved_run(tmp_path / "r.json", H100, "cdcd3434", "2999-01-01T10:00:00")
     args = [str(run)] if command == "push" else ["--out", str(tmp_path / "out")]
     assert main([command, *args, "--repo", str(nowhere)]) == 2
     err = capsys.readouterr().err
@@ -278,7 +255,7 @@ def test_build_draws_one_section_per_gpu_model_from_the_branch(tmp_path, bare, m
         samples = "".join(f"{i / 10},{i // 10},50\n" for i in range(40))
         (series / f"test_units[{case}].csv").write_text("t,epoch,cpu_process\n" + samples)
     for day, gpu in ((1, H100), (2, H200), (3, H100)):
-        run = write_run(tmp_path / f"{day}.json", gpu, f"{day}" * 8, f"2999-01-0{day}T10:00:00")
+        run = saved_run(tmp_path / f"{day}.json", gpu, f"{day}" * 8, f"2999-01-0{day}T10:00:00")
         assert push(run, bare, "box", "--series", str(series)) == 0
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")  # the runs' series paths lead nowhere from here
@@ -295,7 +272,7 @@ def test_build_draws_one_section_per_gpu_model_from_the_branch(tmp_path, bare, m
     index = (site / "index.html").read_text()
     assert 'url=history.html"' in index and '<a href="history.html">' in index
 
-    pr = write_run(tmp_path / "pr.json", H200, "9" * 8, "2999-01-04T10:00:00")  # a pull request's own run
+    pr = saved_run(tmp_path / "pr.json", H200, "9" * 8, "2999-01-04T10:00:00")  # a pull request's own run
     assert main(["build", "--repo", str(bare), "--out", str(site), "--extra", str(pr),
                  "--series-root", str(series)]) == 0
     summary = (site / "summary.md").read_text()
@@ -312,7 +289,7 @@ def test_build_draws_one_section_per_gpu_model_from_the_branch(tmp_path, bare, m
     (["--backoff", "inf"], "argument --backoff: inf: must be a finite number of seconds"),
 ])
 def test_attempts_and_backoff_name_their_minimum_at_parse_time(tmp_path, bare, capsys, args, said) -> None:
-    run = write_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
+    run = saved_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
     with pytest.raises(SystemExit) as exit_:
         main(["push", str(run), "--repo", str(bare), "--runner", "box", *args])
     err = capsys.readouterr().err
@@ -321,7 +298,7 @@ def test_attempts_and_backoff_name_their_minimum_at_parse_time(tmp_path, bare, c
 
 
 def test_push_called_with_a_negative_backoff_refuses_before_any_git_work(tmp_path, bare) -> None:
-    run = write_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
+    run = saved_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
     with pytest.raises(databranch.DataBranchError, match=r"^--backoff -1: must be a finite number of seconds"):
         databranch.push(run, str(bare), runner="box", backoff=-1)
     with pytest.raises(databranch.DataBranchError, match=r"^--attempts 0: must be at least 1$"):
@@ -343,7 +320,7 @@ def test_an_out_folder_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path, ba
 @pytest.mark.parametrize("branch", ["-x", "a..b", "has space", "HEAD", "@{-1}", "x.lock"])
 def test_a_branch_name_git_calls_invalid_is_refused_before_anything_is_pushed(tmp_path, bare, capsys,
                                                                                  branch) -> None:
-    run = write_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
+    run = saved_run(tmp_path / "r.json", H100, "efef5656", "2999-01-01T10:00:00")
     assert push(run, bare, "box", f"--branch={branch}") == 2
     assert main(["pull", "--repo", str(bare), f"--branch={branch}", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -357,7 +334,7 @@ def test_a_branch_name_git_calls_invalid_is_refused_before_anything_is_pushed(tm
 def test_a_different_run_under_a_name_already_on_the_branch_is_refused_not_called_already_on(
     tmp_path, bare, capsys
 ) -> None:
-    first = write_run(tmp_path / "1.json", H100, "dddd4444", "2999-01-01T10:00:00")
+    first = saved_run(tmp_path / "1.json", H100, "dddd4444", "2999-01-01T10:00:00")
     assert push(first, bare, "box") == 0
     other = json.loads(first.read_text())
     other["benchmarks"][0]["extra_info"]["accuracy"] = 0.5  # same commit, second and runner: same name
@@ -377,7 +354,7 @@ def test_the_module_runs_as_a_command() -> None:
 
 
 def test_a_run_cut_short_is_marked_in_its_name_on_the_branch(tmp_path, bare, capsys) -> None:
-    run = write_run(tmp_path / "run.json", "NVIDIA H200", "abc123", "2026-11-29T04:00:00")
+    run = saved_run(tmp_path / "run.json", "NVIDIA H200", "abc123", "2026-11-29T04:00:00")
     data = json.loads(run.read_text())
     data["machine_info"]["loadbench"]["run"] = {"state": "interrupted", "collected": 3, "stored": 2,
                                                 "cut_short": ["bench/test_experiments.py::test_units[256]"]}

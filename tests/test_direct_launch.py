@@ -9,8 +9,8 @@ import torch
 
 from kernels.runtime import direct_launch
 from kernels.runtime import versions
+from tests.devices import CUDA
 
-CUDA = torch.cuda.is_available()
 
 
 class Compiled:
@@ -163,7 +163,6 @@ def test_under_the_interpreter_nothing_is_cached() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_direct_launches_give_triton_s_bits(dtype) -> None:
     from kernels.ops.linear_act import linear_act

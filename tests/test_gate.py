@@ -23,8 +23,9 @@ from bench.gate.timing import time_limit
 GATE = Budget(time_slower_pct=10, time_noise_k=3, time_noise_unknown_pct=25, time_alpha=0.01)
 
 
-def record(median: float, epochs: int = 20, rounds: int = 1, jitter: float = 0.002) -> dict:
-    """A case record whose every round has this median epoch time (first epoch apart)."""
+def timed(median: float, epochs: int = 20, rounds: int = 1, jitter: float = 0.002) -> dict:
+    """The part of a case record the time gate reads: every round with this median epoch
+    time (first epoch apart)."""
     def one_round(offset: int) -> list[float]:
         steady = [median * (1 + jitter * ((i + offset) % 5 - 2)) for i in range(epochs)]
         return [10 * median] + steady  # the first epoch: capture, compilation
@@ -33,7 +34,7 @@ def record(median: float, epochs: int = 20, rounds: int = 1, jitter: float = 0.0
 
 
 def history(*medians: float) -> list[dict]:
-    return [record(m) for m in medians]
+    return [timed(m) for m in medians]
 
 
 def test_quiet_history_gives_a_small_known_spread() -> None:
@@ -48,7 +49,7 @@ def test_noisy_history_gives_a_large_spread() -> None:
 
 
 def test_single_run_leaves_the_noise_unknown() -> None:
-    noise = estimate_noise(history(1.0), record(1.0))
+    noise = estimate_noise(history(1.0), timed(1.0))
     assert not noise.known and noise.spread is None
     limit, rule = time_limit(GATE, noise)
     assert limit == pytest.approx(DEFAULT_UNKNOWN_NOISE_PCT / 100) and "noise unknown" in rule
@@ -65,47 +66,47 @@ def test_a_faster_current_run_does_not_widen_the_history_spread() -> None:
     # Groups are pooled around their own means: the history's spread stays the history's.
     past = history(1.0, 1.0 * math.exp(0.01), 1.0 * math.exp(-0.01))
     alone = estimate_noise(past)
-    with_current = estimate_noise(past, record(0.5))
+    with_current = estimate_noise(past, timed(0.5))
     assert with_current.spread == pytest.approx(alone.spread)
 
 
 def test_slowdown_beyond_budget_and_quiet_noise_fails() -> None:
     quiet = history(1.00, 1.01, 0.99, 1.00)
-    (failure,) = check_time(GATE, record(1.15), quiet[-1], history=quiet)
+    (failure,) = check_time(GATE, timed(1.15), quiet[-1], history=quiet)
     assert failure.metric == "epoch_time_ratio" and failure.value == pytest.approx(1.15, rel=1e-3)
     assert "run-to-run spread" in failure.detail and "Mann-Whitney" in failure.detail
 
 
 def test_the_same_slowdown_inside_a_noisy_case_passes() -> None:
     noisy = history(1.0, 1.12, 0.93, 1.23, 1.04)
-    assert check_time(GATE, record(1.15 * 1.04), noisy[-1], history=noisy) == []
+    assert check_time(GATE, timed(1.15 * 1.04), noisy[-1], history=noisy) == []
     # ... but one far beyond three spreads fails.
-    assert check_time(GATE, record(1.8 * 1.04), noisy[-1], history=noisy)
+    assert check_time(GATE, timed(1.8 * 1.04), noisy[-1], history=noisy)
 
 
 def test_without_history_a_conservative_bound_applies() -> None:
-    base = record(1.0)
-    assert check_time(GATE, record(1.15), base) == []  # +15%: inside the assumed 25%
-    assert check_time(GATE, record(1.40), base)  # +40%: beyond it
+    base = timed(1.0)
+    assert check_time(GATE, timed(1.15), base) == []  # +15%: inside the assumed 25%
+    assert check_time(GATE, timed(1.40), base)  # +40%: beyond it
 
 
 def test_a_small_budget_catches_a_small_slowdown_in_a_quiet_case() -> None:
     tight = Budget(time_slower_pct=3, time_noise_k=3, time_alpha=0.01)
     quiet = history(1.000, 1.002, 0.998, 1.001, 0.999)
-    assert check_time(tight, record(1.05), quiet[-1], history=quiet)
-    assert check_time(tight, record(1.02), quiet[-1], history=quiet) == []
+    assert check_time(tight, timed(1.05), quiet[-1], history=quiet)
+    assert check_time(tight, timed(1.02), quiet[-1], history=quiet) == []
 
 
 def test_a_run_slow_throughout_within_noise_passes_even_when_every_epoch_is_slower() -> None:
     # What failed A/A runs before: a host-bound case slow throughout. Every epoch is
     # slower, so Mann-Whitney alone calls it overwhelmingly significant.
     noisy = history(1.0, 1.10, 0.92, 1.2, 1.05)
-    assert check_time(GATE, record(1.05 * 1.23), noisy[-1], history=noisy) == []
+    assert check_time(GATE, timed(1.05 * 1.23), noisy[-1], history=noisy) == []
 
 
 def test_throttled_runs_are_not_judged() -> None:
-    slow = record(2.0) | {"throttled": True}
-    assert check_time(Budget(time_slower_pct=10), slow, record(1.0)) == []
+    slow = timed(2.0) | {"throttled": True}
+    assert check_time(Budget(time_slower_pct=10), slow, timed(1.0)) == []
 
 
 def test_a_p_value_between_half_alpha_and_alpha_fails_the_case() -> None:
@@ -129,8 +130,8 @@ def test_the_budgets_noise_k_sets_the_limit() -> None:
     assert time_limit(one, estimate_noise(spread))[0] == pytest.approx(0.05)
     assert time_limit(three, estimate_noise(spread))[0] == pytest.approx(0.15)
     # +10%: beyond one spread, inside three.
-    assert check_time(one, record(1.10), base, history=spread)
-    assert check_time(three, record(1.10), base, history=spread) == []
+    assert check_time(one, timed(1.10), base, history=spread)
+    assert check_time(three, timed(1.10), base, history=spread) == []
 
 
 def test_a_bf16_run_is_not_history_of_an_fp32_baseline(tmp_path) -> None:
@@ -139,7 +140,7 @@ def test_a_bf16_run_is_not_history_of_an_fp32_baseline(tmp_path) -> None:
     def run(when: str, precision: str) -> dict:
         settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "loop": "graph", "impl": "torch",
                     "optimizer_impl": "torch", "precision": precision, "plant": None}
-        return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
+        return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": timed(1.0)}],
                 "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}
 
     fp32, bf16 = run("2026-01-01", "fp32"), run("2026-01-02", "bf16")
@@ -159,7 +160,7 @@ def test_history_keeps_only_runs_comparable_to_the_baseline(tmp_path) -> None:
     def run(when: str, gpu: str = "H100", epochs: int = 40, plant: str | None = None) -> dict:
         settings = {"profile": "quick", "epochs": epochs, "dataset": "synthetic", "loop": "graph",
                     "impl": "torch", "precision": "fp32", "plant": plant}
-        return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
+        return {"datetime": when, "benchmarks": [{"fullname": "b::t", "extra_info": timed(1.0)}],
                 "machine_info": {"loadbench": {"gpu": {"name": gpu}, "settings": settings}}}
 
     files = {
@@ -185,7 +186,7 @@ def test_history_reads_only_as_many_stored_runs_as_it_keeps(tmp_path, monkeypatc
     settings = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "loop": "graph", "impl": "torch",
                 "optimizer_impl": "torch", "precision": "fp32", "plant": None}
     def run(day: int) -> dict:
-        return {"datetime": f"2026-01-{day:02d}", "benchmarks": [{"fullname": "b::t", "extra_info": record(1.0)}],
+        return {"datetime": f"2026-01-{day:02d}", "benchmarks": [{"fullname": "b::t", "extra_info": timed(1.0)}],
                 "machine_info": {"loadbench": {"gpu": {"name": "H100"}, "settings": settings}}}
 
     for day in range(1, 31):
@@ -279,15 +280,15 @@ def test_a_hard_ratio_alone_fails_a_case_past_it(tmp_path) -> None:
     hard = Budgets.load(tmp_path / "budgets.toml").resolve("quick", "units", "units-128")
     assert hard.time_slower_pct is None and hard.time_hard_ratio == 1.5
     quiet = history(1.00, 1.01, 0.99, 1.00)
-    (failure,) = check_time(hard, record(1.6), quiet[-1], history=quiet)
+    (failure,) = check_time(hard, timed(1.6), quiet[-1], history=quiet)
     assert (failure.metric, failure.limit, failure.detail) == ("epoch_time_ratio", 1.5,
                                                                "hard ceiling on the median ratio")
     assert failure.value == pytest.approx(1.6, rel=1e-3)
-    assert check_time(hard, record(1.6, epochs=2) | {"throttled": True}, record(1.0, epochs=2))  # no test needed
-    assert check_time(hard, record(1.45), quiet[-1], history=quiet) == []  # +45%: the rule sets no other limit
+    assert check_time(hard, timed(1.6, epochs=2) | {"throttled": True}, timed(1.0, epochs=2))  # no test needed
+    assert check_time(hard, timed(1.45), quiet[-1], history=quiet) == []  # +45%: the rule sets no other limit
     from bench.gate.judge import judge
 
-    verdict = judge(record(1.6), hard, then=quiet[-1], history=quiet, baseline="0004.json", gating=True,
+    verdict = judge(timed(1.6), hard, then=quiet[-1], history=quiet, baseline="0004.json", gating=True,
                     profile="quick", epochs=None).verdict
     assert verdict.status == "regressed" and [f.metric for f in verdict.failures] == ["epoch_time_ratio"]
 

@@ -25,9 +25,7 @@ from model.train import GRAPH_LOOPS
 from model.train import Trainer
 from model.train import TrainResult
 
-CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 # Every study optimizer's step is captured (Adagrad through the trainer's
 # CapturableAdagrad): a graph loop must replay each from a graph.
@@ -98,7 +96,6 @@ def runs():
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("loop", GRAPH_LOOPS)
 @pytest.mark.parametrize("optimizer", CAPTURABLE)
 def test_graph_loops_match_the_fast_loop_exactly(runs, loop, optimizer) -> None:
@@ -129,7 +126,6 @@ def assert_trained_alike(run: Run, fast: Run) -> None:
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("loop", GRAPH_LOOPS)
 def test_graph_loops_replay_a_new_batch_order_every_epoch(runs, loop) -> None:
     # A permutation filled once, at capture, would still train; only the order shows it.

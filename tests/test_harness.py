@@ -15,41 +15,11 @@ import torch
 
 from bench.gate.runs import read_run
 from bench.gate.runs import run_state
-from model.data import synthesize
-from model.data import write_csv
-
-CASES = """
-from kernels.ground.cases import Case
-
-def test_small(loadbench):
-    loadbench.run(Case("blocks", 2), width=32)
-
-def test_other(loadbench):
-    loadbench.run(Case("blocks", 3), width=32)
-"""
-
-# Time is planted, not measured: each timed epoch (one pytest-benchmark round) lasts
-# PLANTED_EPOCH_S (from the environment) on pytest-benchmark's timer, which the gate reads,
-# with a fixed ripple of +-0.8%, however busy the machine is. The module goes beside the
-# conftest; TIMER names it with pytest-benchmark's own --benchmark-timer.
-PLANTED_TIMER = """
-import itertools, os
-
-_ticks = itertools.count()
-
-
-def clock():
-    seconds = float(os.environ.get("PLANTED_EPOCH_S", "0.1"))
-    epoch, stop = divmod(next(_ticks), 2)
-    return epoch * 100 * seconds + stop * seconds * (1 + 0.004 * (epoch % 5 - 2))
-"""
-TIMER = "--benchmark-timer=planted.clock"
-CONFTEST = 'pytest_plugins = ["bench.plugin"]\n'
-
-
-@pytest.fixture(scope="module")
-def tiny_csv(tmp_path_factory) -> Path:
-    return write_csv(synthesize(scale=0.02), tmp_path_factory.mktemp("data") / "tiny.csv")
+from tests.projects import CASES
+from tests.projects import CONFTEST
+from tests.projects import GATE
+from tests.projects import PLANTED_TIMER
+from tests.projects import TIMER
 
 
 @pytest.fixture
@@ -128,9 +98,6 @@ def test_run_compared_with_itself_passes(bench, pytester) -> None:
     result.stdout.fnmatch_lines(["*vs baseline*", "*accuracy +0.0%*"])
     compared = [line for line in result.stdout.lines if "accuracy +0.0%" in line]
     assert compared and not any("!" in line for line in compared)  # nothing broke a limit: nothing marked
-
-
-GATE = "[defaults]\ntime_slower_pct = 10\ntime_noise_k = 3\ntime_noise_unknown_pct = 25\ntime_alpha = 0.01\n"
 
 
 def test_injected_slowdown_fails_the_time_gate(bench, pytester, monkeypatch) -> None:

@@ -10,7 +10,6 @@ import json
 import random
 import re
 import shutil
-import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,58 +25,43 @@ from bench.tools.history import metric_figure
 from bench.tools.report import build_report
 from bench.tools.report import sections
 from bench.gate.runs import load_runs
+from tests import runs
+from tests.runs import H100
+from tests.runs import H200
+from tests.runs import STEADY
+from tests.runs import fullname
+from tests.runs import record
+from tests.runs import write_run
 
 pytest.importorskip("plotly", reason="the history page is drawn with plotly (pip install -e '.[test]')")
 
-H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 CASES = [case.id for case in all_cases()]  # the study's order
-STEADY = [0.100, 0.102, 0.098, 0.101, 0.099, 0.103, 0.097] * 3
-BUDGETS = """\
-[defaults]
-time_slower_pct = 10
-time_alpha = 0.01
-time_hard_ratio = 2.0
-accuracy_drop_max = 0.03
-macro_f1_drop_max = 0.04
-memory_growth_pct = 20
-"""
+BUDGETS = runs.BUDGETS + "memory_growth_pct = 20\n"
 
 
-def record(case: str, gpu: str | None, slower: float = 1.0, accuracy: float = 0.75) -> dict[str, Any]:
-    """A case's extra_info as the fixture stores it, with what the report reads."""
-    experiment = case.split("-", 1)[0]
+def case_record(case: str, gpu: str | None, slower: float = 1.0, accuracy: float = 0.75) -> dict[str, Any]:
+    """A case's record whose figures grow with its place in the study's order; sm_activity
+    is read on the H200 alone."""
     rank = CASES.index(case)
-    epochs = [slower * (1 + rank / 100) * s for s in STEADY]
     on_gpu = gpu is not None
-    return {
-        "case": case, "experiment": experiment, "profile": "quick",
-        "epoch_seconds_by_round": [[2 * epochs[0], *epochs]], "median_epoch_s": statistics.median(epochs),
-        "train_seconds": sum(epochs), "accuracy": accuracy, "macro_f1": accuracy - 0.03,
-        "vram_peak_mib": 100.0 + rank if on_gpu else None, "rss_peak_mib": 1500.0,
-        "energy_j": 300.0 + rank if on_gpu else None, "energy_per_epoch_j": 10.0 + rank / 10 if on_gpu else None,
-        "load": {"normalized": {"gpu_busy": 0.7 + rank / 100 if on_gpu else None,
-                                "sm_activity": 0.3 if gpu == H200 else None, "cpu_process": 0.05},
-                 "unavailable": {} if gpu == H200 else {"sm_activity": "GPM not supported on this GPU"}},
-        "series_path": None,
-    }
+    return record(
+        case, [slower * (1 + rank / 100) * s for s in STEADY], gpu=gpu, accuracy=accuracy,
+        vram_peak_mib=100.0 + rank if on_gpu else None, energy_j=300.0 + rank if on_gpu else None,
+        energy_per_epoch_j=10.0 + rank / 10 if on_gpu else None,
+        load={"normalized": {"gpu_busy": 0.7 + rank / 100 if on_gpu else None,
+                             "sm_activity": 0.3 if gpu == H200 else None, "cpu_process": 0.05},
+              "unavailable": {} if gpu == H200 else {"sm_activity": "GPM not supported on this GPU"}},
+    )
 
 
-def write_run(folder: Path, n: int, gpu: str | None, changes: dict[str, dict] | None = None, seed: int = 0) -> Path:
+def nth_run(folder: Path, n: int, gpu: str | None, changes: dict[str, dict] | None = None, seed: int = 0) -> Path:
     """Run number n (a day apart, commit c<n>...) of every case, in a shuffled order."""
     changes = changes or {}
-    benchmarks = [{"name": f"test_x[{case}]", "fullname": f"bench/test_experiments.py::test_x[{case}]",
-                   "extra_info": record(case, gpu, **changes.get(case, {}))} for case in CASES]
-    random.Random(seed + n).shuffle(benchmarks)
-    run = {
-        "datetime": f"2999-01-{n + 1:02d}T10:00:00",
-        "commit_info": {"id": f"c{n:07d}" + "0" * 32},
-        "machine_info": {"loadbench": {"gpu": {"name": gpu} if gpu else None,
-                                       "settings": {"profile": "quick", "dataset": "synthetic", "epochs": 22}}},
-        "benchmarks": benchmarks,
-    }
-    path = folder / f"{n:04d}_run.json"
-    path.write_text(json.dumps(run))
-    return path
+    cases = list(CASES)
+    random.Random(seed + n).shuffle(cases)
+    records = {fullname(case): case_record(case, gpu, **changes.get(case, {})) for case in cases}
+    return write_run(folder / f"{n:04d}_run.json", records, gpu=gpu, commit=f"c{n:07d}",
+                     when=f"2999-01-{n + 1:02d}T10:00:00")
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +70,11 @@ def report(tmp_path_factory) -> tuple[Path, list[Path]]:
     units-1024 and act-sigmoid's accuracy fell in the third."""
     folder = tmp_path_factory.mktemp("history")
     paths = [
-        write_run(folder, 0, H200),
-        write_run(folder, 1, H100, {case: {"slower": 3.0} for case in CASES}),  # a slower card: never judged
-        write_run(folder, 2, H200),
-        write_run(folder, 3, H200, {"act-sigmoid": {"accuracy": 0.55}}),
-        write_run(folder, 4, H200, {"units-1024": {"slower": 3.0}, "act-sigmoid": {"accuracy": 0.55}}),
+        nth_run(folder, 0, H200),
+        nth_run(folder, 1, H100, {case: {"slower": 3.0} for case in CASES}),  # a slower card: never judged
+        nth_run(folder, 2, H200),
+        nth_run(folder, 3, H200, {"act-sigmoid": {"accuracy": 0.55}}),
+        nth_run(folder, 4, H200, {"units-1024": {"slower": 3.0}, "act-sigmoid": {"accuracy": 0.55}}),
     ]
     (folder / "budgets.toml").write_text(BUDGETS)
     build_report(paths, folder / "out", budgets_path=folder / "budgets.toml")
@@ -289,12 +273,12 @@ def write_budgets(folder: Path) -> Path:
 def planted_section(tmp_path: Path) -> tuple[Any, str]:
     """Four H200 runs, the third planted (+150%, every case 2.5x slower): the section
     drawn from them and the page."""
-    paths = [write_run(tmp_path, 0, H200), write_run(tmp_path, 1, H200)]
-    planted = write_run(tmp_path, 2, H200, {case: {"slower": 2.5} for case in CASES})
+    paths = [nth_run(tmp_path, 0, H200), nth_run(tmp_path, 1, H200)]
+    planted = nth_run(tmp_path, 2, H200, {case: {"slower": 2.5} for case in CASES})
     run = json.loads(planted.read_text())
     run["machine_info"]["loadbench"]["settings"]["plant"] = "150%:host"
     planted.write_text(json.dumps(run))
-    paths += [planted, write_run(tmp_path, 3, H200)]
+    paths += [planted, nth_run(tmp_path, 3, H200)]
     budgets = write_budgets(tmp_path)
     build_report(paths, tmp_path / "out", budgets_path=budgets)
     runs, _ = load_runs(paths)
@@ -322,7 +306,7 @@ def test_a_planted_run_is_drawn_apart_marked_and_not_flagged(tmp_path) -> None:
 
 
 def test_reruns_of_a_commit_are_told_apart_on_the_x_axis(tmp_path) -> None:
-    paths = [write_run(tmp_path, n, H200) for n in range(3)]
+    paths = [nth_run(tmp_path, n, H200) for n in range(3)]
     for path, when in zip(paths, ["2999-01-01T10:00:00", "2999-01-01T10:00:00", "2999-01-01T11:30:00"]):
         run = json.loads(path.read_text())
         path.write_text(json.dumps(run | {"datetime": when, "commit_info": {"id": "d" * 40}}))
@@ -335,8 +319,8 @@ def test_reruns_of_a_commit_are_told_apart_on_the_x_axis(tmp_path) -> None:
 
 
 def test_a_metric_spanning_more_than_ten_times_gets_a_log_axis(tmp_path) -> None:
-    paths = [write_run(tmp_path, 0, H200, {"units-2048": {"slower": 12.0}}),
-             write_run(tmp_path, 1, H200, {"units-2048": {"slower": 12.0}})]
+    paths = [nth_run(tmp_path, 0, H200, {"units-2048": {"slower": 12.0}}),
+             nth_run(tmp_path, 1, H200, {"units-2048": {"slower": 12.0}})]
     runs, _ = load_runs(paths)
     section = sections(runs, Budgets.load(write_budgets(tmp_path)))[0]
     time = metric_figure(section, "median_epoch_s", METRICS["median_epoch_s"])

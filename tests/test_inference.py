@@ -42,11 +42,6 @@ CPU = torch.device("cpu")
 CONFIG = TrainConfig(width=32, depth=2, epochs=1, loop="fast")
 
 
-@pytest.fixture(scope="module")
-def data():
-    return load_dataset(scale=0.02)
-
-
 def stepping_clock(step: float):
     """A planted clock: each reading `step` seconds after the last."""
     counter = itertools.count()
@@ -246,7 +241,6 @@ class HostReadingMLP(MLP):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_forward_that_reads_the_gpu_is_timed_eagerly_and_capture_still_works_after(data):
     cuda = torch.device("cuda")
     blocked = measure(HostReadingMLP(75, 32, 2, 10), data, cuda, latency_calls=20, batches=(64,))

@@ -20,11 +20,10 @@ from kernels.plan.launches import launch_config
 from kernels.ops.linear_act import linear_act
 from kernels.ground.axes import ACTIVATIONS
 from model.mlp import MLP
+from tests.devices import CUDA
+from tests.devices import DEVICE
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 REFERENCE = {
     "identity": lambda z: z,
@@ -141,7 +140,6 @@ def test_mlp_impls_share_the_math() -> None:
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("activation", ["relu", "silu", "tanh"])
 def test_bf16_and_tf32_tolerances(activation) -> None:
     check_against_float64(512, 512, 512, activation, torch.bfloat16)
@@ -153,7 +151,6 @@ def test_bf16_and_tf32_tolerances(activation) -> None:
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("mode", [
     pytest.param("ieee", marks=pytest.mark.xfail(reason="measured on an H100: Triton's IEEE fp32 dot has about 2x "
                                                   "cuBLAS SGEMM's RMS error in dX (5x in dW at batch 4096); "
@@ -181,7 +178,6 @@ def test_strict_fp32_choice_is_checked() -> None:
 
 
 @gpu
-@needs_gpu
 def test_opcheck() -> None:
     x, w, b, _ = inputs(64, 75, 128, torch.float32)
     for t in (x, w, b):
@@ -190,7 +186,6 @@ def test_opcheck() -> None:
 
 
 @gpu
-@needs_gpu
 def test_torch_compile_matches_eager() -> None:
     model = MLP(75, 256, 3, 10, "leaky_relu", impl="triton").cuda()
     x = torch.randn(512, 75, device="cuda")
@@ -199,7 +194,6 @@ def test_torch_compile_matches_eager() -> None:
 
 
 @gpu
-@needs_gpu
 def test_cuda_graph_capture_and_replay() -> None:
     model = MLP(75, 256, 3, 10, "silu", impl="triton").cuda()
     static_x = torch.randn(256, 75, device="cuda")
@@ -357,19 +351,6 @@ def test_bias_gradient_over_a_long_batch_is_as_accurate_as_torch() -> None:
 
 
 # -------------------------------------------------- split-K, routes, launch report
-
-
-@pytest.fixture
-def launches(tmp_path, monkeypatch):
-    """A clean launch state (own cache directory) for tests that set tables or force
-    tiles, and the default state back afterwards."""
-    from kernels.plan import launches
-
-    monkeypatch.setenv("LOADBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    launches.reset_launch_state()
-    yield launches
-    FORCED.clear()
-    launches.reset_launch_state()
 
 
 def forced_run(launches, cfg, m, k, n, activation="leaky_relu", dtype=torch.float32):
@@ -564,7 +545,6 @@ def test_launch_configs_are_checked_when_read() -> None:
 
 
 @gpu
-@needs_gpu
 def test_split_k_is_reproducible_on_the_gpu(launches) -> None:
     """The fixed-order partial sum gives the same bits run to run where the hardware
     schedules programs differently every time."""
@@ -577,7 +557,6 @@ def test_split_k_is_reproducible_on_the_gpu(launches) -> None:
 
 
 @gpu
-@needs_gpu
 def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
     """LOADBENCH_TUNE=always on a real GPU: every kernel of a layer is timed, stored,
     right, and a CUDA graph captured afterwards replays the tuned tiles."""
@@ -600,7 +579,6 @@ def test_first_use_tuning_on_the_gpu_then_capture(launches, tmp_path) -> None:
 
 
 @gpu
-@needs_gpu
 def test_a_capture_runs_the_tuned_cublas_route_and_eager_calls_the_fused_finalist(launches, tmp_path,
                                                                                   monkeypatch) -> None:
     """Kernels tuned to the cuBLAS route with a fused finalist close behind: eager calls

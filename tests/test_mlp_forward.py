@@ -10,9 +10,9 @@ import torch
 from kernels.ops import mlp_forward
 from kernels.ops.linear_act import linear_act_stack
 from model.mlp import _TORCH_ACTIVATIONS
+from tests.devices import CUDA
+from tests.devices import DEVICE
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 REFERENCE = {"identity": lambda z: z, **_TORCH_ACTIVATIONS}  # torch's own, as eager torch runs them
 
 
@@ -119,7 +119,6 @@ def test_the_switch_is_checked() -> None:
 
 
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
 def _epochs(slot: int | None = None) -> set[int]:
@@ -130,7 +129,6 @@ def _epochs(slot: int | None = None) -> set[int]:
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("widths", [[75, 512, 512, 512, 10], [75, 1024, 1024, 1024, 1024, 1024, 10]],
                          ids=["optimal", "widest-deepest"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -163,7 +161,6 @@ def test_on_the_gpu_every_program_waits_for_the_layer(widths, dtype) -> None:
 
 
 @gpu
-@needs_gpu
 def test_on_the_gpu_no_launch_reads_another_launchs_words(monkeypatch) -> None:
     """Launches back to back on one slot, each with new inputs, the shapes and program
     counts changing between them (a stale word of another shape or launch must never
@@ -202,7 +199,6 @@ def test_on_the_gpu_no_launch_reads_another_launchs_words(monkeypatch) -> None:
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize(("widths", "rows"), [([8, 8, 8, 4], 1), ([8, 8, 8, 4], 3), ([75, 128, 8192], 1)],
                          ids=["tiny", "tiny-3-rows", "wide-head-8-warps"])
 def test_on_the_gpu_inputs_smaller_than_the_program_read_fresh_words(widths, rows) -> None:
@@ -233,7 +229,6 @@ def test_on_the_gpu_inputs_smaller_than_the_program_read_fresh_words(widths, row
 
 
 @gpu
-@needs_gpu
 def test_on_the_gpu_width_2048_goes_layer_by_layer() -> None:
     ws, bs = network([75, 2048, 2048, 10])
     x = torch.randn(1, 75, device="cuda")
@@ -245,7 +240,6 @@ def test_on_the_gpu_width_2048_goes_layer_by_layer() -> None:
 
 
 @gpu
-@needs_gpu
 def test_a_first_call_during_capture_launches_layer_by_layer(monkeypatch) -> None:
     monkeypatch.setattr(mlp_forward, "_EPOCHS", {})
     monkeypatch.setattr(mlp_forward, "_SCRATCH", {})

@@ -23,12 +23,11 @@ from model.data import load_dataset
 from model.mlp import MLP
 from model.train import OPTIMIZERS
 from model.train import Trainer
+from tests.devices import CUDA
+from tests.devices import DEVICE
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 interpreter = pytest.mark.interpreter
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
 def problem(width, depth, activation, optimizer, rows=2000, classes=10, seed=0):
@@ -570,7 +569,6 @@ def test_an_epoch_through_the_fused_step_follows_the_layer_route(tiny, monkeypat
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("flags", [False, True], ids=["barriers", "flags"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_study_shape_on_a_gpu(precision, flags) -> None:
@@ -610,7 +608,6 @@ def thirty_steps(shape, **changes):
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (128, 1, 64, "fp32")],
                          ids=["3x512-tf32", "5x512-bf16", "1x128-batch-64"])
 def test_flags_race_nothing_on_a_gpu(shape) -> None:
@@ -622,7 +619,6 @@ def test_flags_race_nothing_on_a_gpu(shape) -> None:
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (512, 3, 128, "fp32"),
                                    (512, 3, 64, "fp32")],
                          ids=["3x512-tf32", "5x512-bf16", "3x512-batch-128", "3x512-batch-64-barriers"])

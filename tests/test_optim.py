@@ -21,11 +21,10 @@ from model.train import Trainer
 from model.train import autocast
 from model.train import make_optimizer
 from model.train import train
+from tests.devices import DEVICE
 
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
+DATA_SCALE, DATA_DEVICE = 0.05, DEVICE  # the data fixture's (tests/conftest.py): the trainers' kernels run on it
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 SHAPES = [(64, 75), (64,), (33, 64), (33,), (10, 33), (10,)]  # slices of odd lengths
 
 
@@ -196,7 +195,7 @@ def test_bf16_autocast_training_matches_torch(name) -> None:
         x, y = torch.randn(64, 75, generator=g).to(DEVICE), torch.randint(0, 10, (64,), generator=g).to(DEVICE)
         for net, optimizer in ((reference, theirs), (model, ours)):
             optimizer.zero_grad()
-            with autocast("bf16", DEVICE):
+            with autocast("bf16", torch.device(DEVICE)):
                 logits = net(x)
             assert logits.dtype == torch.bfloat16
             F.cross_entropy(logits, y).backward()
@@ -211,11 +210,6 @@ def test_bf16_autocast_training_matches_torch(name) -> None:
 
 
 # ------------------------------------------------------------------ trainer
-
-
-@pytest.fixture(scope="module")
-def data():
-    return load_dataset("synthetic", scale=0.05, device=DEVICE)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -250,7 +244,6 @@ def gpu_data():
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_graph_loops_replay_the_fast_loop(gpu_data, name, impl) -> None:

@@ -14,17 +14,22 @@ from bench.gate.record import CASE_FIELDS
 from bench.gate.record import FORMAT_KEY
 from bench.gate.record import RECORD_FORMAT
 from bench.gate.record import RUN_FIELDS
+from bench.gate.record import UNVERSIONED_FORMAT
 from bench.gate.record import SERVING_FIELDS
 from bench.gate.record import SETTINGS_FIELDS
 from bench.gate.record import names
 from bench.gate.record import required
 from bench.gate.runs import BaselineError
 from bench.gate.runs import read_run
+from bench.gate.runs import load_runs
 from bench.gate.runs import run_format
+from bench.gate.runs import run_state
 from bench.tools.compare import main as compare_main
 from bench.tools.merge import main as merge_main
+from bench.tools.report import resolve_series
 
 ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "runs"  # a run file of each format, as its plugin wrote it (README.md there)
 SETTINGS = {"profile": "quick", "epochs": 40, "dataset": "synthetic", "device": "cpu", "loop": "fast"}
 
 
@@ -75,6 +80,51 @@ def test_compare_and_merge_refuse_a_newer_run_in_one_line_with_exit_2(tmp_path: 
     assert err.count("\n") == 1 and f"shard {new}: record format {RECORD_FORMAT + 1}" in err
     assert f"up to {RECORD_FORMAT}" in err
     assert not out.exists() and new.read_bytes() == before  # nothing written, nothing lost
+
+
+def golden() -> dict[int, Path]:
+    """The golden run files by the format their name gives (format-N.json)."""
+    return {int(path.stem.removeprefix("format-")): path for path in GOLDEN.glob("format-*.json")}
+
+
+def test_every_format_this_code_reads_has_a_golden_run_and_one_newer_is_kept_too() -> None:
+    kept = set(golden())
+    missing = set(range(UNVERSIONED_FORMAT, RECORD_FORMAT + 1)) - kept
+    assert not missing, f"no tests/data/runs/format-N.json for format(s) {sorted(missing)}: write one with the plugin"
+    assert max(kept) > RECORD_FORMAT, "no golden run of a format newer than this code reads"
+
+
+@pytest.mark.parametrize("fmt", range(UNVERSIONED_FORMAT, RECORD_FORMAT + 1))
+def test_a_golden_run_of_each_format_is_read_and_judged_against(fmt: int, tmp_path: Path, capsys) -> None:
+    """Read as the gate and the report read it, with its series found beside it, and
+    judged by compare as the baseline of the newest format's run."""
+    path = golden()[fmt]
+    run = read_run(path)
+    assert run_format(run) == fmt and run_state(run).whole
+    assert (FORMAT_KEY in run["machine_info"]["loadbench"]) is (fmt != UNVERSIONED_FORMAT)
+    (read,), warnings = load_runs([path])
+    assert warnings == [] and [b["extra_info"]["case"] for b in read.benchmarks] == ["units-128"]
+    assert resolve_series(read.benchmarks[0]["extra_info"]["series_path"], [GOLDEN]) is not None
+    newest = tmp_path / "newest.json"  # a copy: compare refuses one file given twice
+    newest.write_bytes(golden()[RECORD_FORMAT].read_bytes())
+    assert compare_main([str(path), str(newest)]) == 0
+    out = capsys.readouterr().out
+    assert "1 case(s) of NEW; 1 ok" in out and out.count("| units-128 |") == 1
+
+
+def test_a_golden_run_of_a_newer_format_is_refused_in_one_line_naming_it(capsys) -> None:
+    newer = {fmt: path for fmt, path in golden().items() if fmt > RECORD_FORMAT}
+    assert newer
+    for fmt, path in newer.items():
+        with pytest.raises(BaselineError, match=f"record format {fmt} is newer than this code reads"):
+            read_run(path)
+        assert compare_main([str(path), str(golden()[RECORD_FORMAT])]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"mlp-loadbench compare: OLD {path}: record format {fmt} is newer than this code reads "
+                       f"(up to {RECORD_FORMAT})\n")
+        _, warnings = load_runs([path])
+        assert warnings == [f"skipped {path}: record format {fmt} is newer than this code reads "
+                            f"(up to {RECORD_FORMAT})"]
 
 
 def test_the_serving_test_writes_only_declared_fields_and_each_declared_field_once() -> None:

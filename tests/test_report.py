@@ -41,6 +41,14 @@ from bench.tools.report import regressions
 from bench.tools.report import main as report_main
 from bench.gate.runs import find_run_files
 from bench.gate.runs import load_runs
+from tests.runs import BUDGETS
+from tests.runs import H100
+from tests.runs import NOT_RUNS
+from tests.runs import STEADY
+from tests.runs import fullname
+from tests.runs import not_a_run
+from tests.runs import record
+from tests.runs import write_run
 
 CASES = """
 from kernels.ground.cases import Case
@@ -168,21 +176,14 @@ def _our_run_without_cases() -> str:
                        "machine_info": {"loadbench": {"gpu": None, "settings": {"profile": "smoke"}}}})
 
 
-UNUSABLE = {  # file name: (contents, None for no file; the reason the error must give)
-    "missing.json": (None, "no such file"),
-    "corrupt.json": ("{oops", "corrupt JSON at line 1"),
-    "zero.json": ("", "empty file"),
-    "foreign.json": (json.dumps({"benchmarks": [], "machine_info": {}}), "not made by mlp-loadbench"),
-    "no-cases.json": (_our_run_without_cases(), "a run with no training cases"),
+UNUSABLE = {  # file name (NOT_RUNS and one more): the reason the error must give
+    "missing.json": "no such file", "corrupt.json": "corrupt JSON at line 1", "zero.json": "empty file",
+    "foreign.json": "not made by mlp-loadbench", "no-cases.json": "a run with no training cases",
 }
 
 
 def _unusable(tmp_path: Path, name: str) -> tuple[Path, str]:
-    contents, reason = UNUSABLE[name]
-    path = tmp_path / name
-    if contents is not None:
-        path.write_text(contents)
-    return path, reason
+    return not_a_run(tmp_path, name, NOT_RUNS | {"no-cases.json": _our_run_without_cases()}), UNUSABLE[name]
 
 
 @pytest.mark.parametrize("name", UNUSABLE)
@@ -209,17 +210,6 @@ def _says(message: str, path: Path, reason: str) -> bool:
     return re.search(f"{re.escape(str(path))}: [^;]*{re.escape(reason)}", message) is not None
 
 
-# Limits far from the changes the tests make: 3x time or 0.2 of accuracy is flagged under
-# any sensible rule; +24% time whose epochs overlap is not significant under any.
-REGRESSION_BUDGETS = """\
-[defaults]
-time_slower_pct = 10
-time_alpha = 0.01
-time_hard_ratio = 2.0
-accuracy_drop_max = 0.03
-macro_f1_drop_max = 0.04
-"""
-STEADY = [0.100, 0.102, 0.098, 0.101, 0.099, 0.103, 0.097] * 3  # per-epoch seconds after the first
 CASE_IDS = {"units-128", "units-256", "opt-sgd"}
 
 
@@ -245,7 +235,7 @@ def _two_runs(storage: Path, tmp_path: Path, before, after) -> tuple[list[Path],
     """The newest stored run with `before` applied to each case, a later copy with `after`,
     and a budgets file."""
     budgets = tmp_path / "budgets.toml"
-    budgets.write_text(REGRESSION_BUDGETS)
+    budgets.write_text(BUDGETS)
     return _runs(storage, tmp_path, [before, after]), budgets
 
 
@@ -330,7 +320,7 @@ def test_a_slowdown_the_gate_passes_is_not_marked_by_the_report(storage, tmp_pat
 
 # The gate's noise rule: a slowdown must exceed the budget and k run-to-run spreads, or
 # an assumed spread while too few runs tell it. +20% lies between the two.
-NOISE_BUDGETS = REGRESSION_BUDGETS + "time_noise_k = 3\ntime_noise_unknown_pct = 40\n"
+NOISE_BUDGETS = BUDGETS + "time_noise_k = 3\ntime_noise_unknown_pct = 40\n"
 
 
 def test_the_report_reads_run_to_run_noise_from_earlier_runs_like_the_gate(storage, tmp_path) -> None:
@@ -487,42 +477,28 @@ def test_pure_helpers() -> None:
 SETTINGS = {"profile": "quick", "epochs": 22, "dataset": "synthetic", "device": "cuda", "loop": "fast", "impl": "torch",
             "optimizer_impl": "torch", "precision": "fp32", "shard": None, "shard_durations": None, "plant": None,
             "latency_pin": False}
-GPU = "NVIDIA H100 80GB HBM3"
-
-
-def _record(case: str, slower: float) -> dict:
-    """A case's extra_info with what the report reads, its epochs `slower` times STEADY."""
-    samples = [slower * s for s in STEADY]
-    return {
-        "case": case, "experiment": case.split("-")[0], "profile": "quick",
-        "epoch_seconds_by_round": [[2 * samples[0], *samples]], "median_epoch_s": statistics.median(samples),
-        "first_epoch_s": 2 * samples[0], "train_seconds": 2 * samples[0] + sum(samples), "accuracy": 0.75,
-        "macro_f1": 0.72, "vram_peak_mib": 120.0, "rss_peak_mib": 1500.0, "energy_j": None, "energy_per_epoch_j": None,
-        "load": {"normalized": {"gpu_busy": 0.8, "sm_activity": None, "cpu_process": 0.05},
-                 "unavailable": {"sm_activity": "GPM not supported on this GPU", "energy": "no NVML energy counter"}},
-        "series_path": None,
-    }
+GPU = H100
 
 
 def _synthetic(folder: Path, n: int, slower: float = 1.0, commit: str | None = None, when: str | None = None,
                **settings: object) -> Path:
     """Run number n (a day apart, commit c<n>... unless given) of CASE_IDS on GPU, with
-    `settings` over SETTINGS and every epoch `slower` times STEADY."""
-    run = {
-        "datetime": when or f"2999-01-{n + 1:02d}T10:00:00",
-        "commit_info": {"id": commit or f"c{n:07d}" + "0" * 32},
-        "machine_info": {"loadbench": {"gpu": {"name": GPU}, "settings": SETTINGS | settings}},
-        "benchmarks": [{"name": f"test_x[{case}]", "fullname": f"bench/test_experiments.py::test_x[{case}]",
-                        "extra_info": _record(case, slower)} for case in sorted(CASE_IDS)],
-    }
-    path = folder / f"{n:04d}_run.json"
-    path.write_text(json.dumps(run))
-    return path
+    `settings` over SETTINGS and every epoch `slower` times STEADY; no SM activity or
+    energy counter."""
+    samples = [slower * s for s in STEADY]
+    load = {"normalized": {"gpu_busy": 0.8, "sm_activity": None, "cpu_process": 0.05},
+            "unavailable": {"sm_activity": "GPM not supported on this GPU", "energy": "no NVML energy counter"}}
+    records = {fullname(case): record(case, samples, gpu=GPU, first_epoch_s=2 * samples[0],
+                                      train_seconds=2 * samples[0] + sum(samples), vram_peak_mib=120.0,
+                                      energy_j=None, energy_per_epoch_j=None, load=load)
+               for case in sorted(CASE_IDS)}
+    return write_run(folder / f"{n:04d}_run.json", records, gpu=GPU, commit=commit or f"c{n:07d}",
+                     when=when or f"2999-01-{n + 1:02d}T10:00:00", settings=SETTINGS | settings)
 
 
 def _budgets(folder: Path) -> Path:
     path = folder / "budgets.toml"
-    path.write_text(REGRESSION_BUDGETS)
+    path.write_text(BUDGETS)
     return path
 
 

@@ -35,7 +35,8 @@ finetune_epochs = [0, 4]
 SPEED = {"fp32": 1.0, "bf16": 0.7, "fp8": 0.55, "int8-weight": 0.6, "int8-dynamic": 0.5}
 
 
-def record(latency: float, per_1k: float, accuracy: float, drop: float, energy: float | None = None) -> dict[str, Any]:
+def evaluated(latency: float, per_1k: float, accuracy: float, drop: float,
+              energy: float | None = None) -> dict[str, Any]:
     """model.inference.evaluate's record shape, on a CPU: no graph latency, no energy."""
     return {
         "latency_graph_s": None,
@@ -70,7 +71,7 @@ class Fake:
         kept = 0.5 if c.semi_structured else 1 - c.sparsity
         latency = 20e-6 * SPEED[c.weights] * (0.4 + 0.6 * kept) * (config.width / 512)
         drop = 0.001 * (1 - SPEED[c.weights]) + (0.2 * (1 - kept - 0.75) if kept < 0.25 else 0.0)
-        return record(latency, latency * 5, 0.75 - drop, drop)
+        return evaluated(latency, latency * 5, 0.75 - drop, drop)
 
 
 @pytest.fixture
@@ -279,7 +280,7 @@ def test_a_variant_more_accurate_than_fp32_beyond_the_limit_is_feasible(tmp_path
     # The limit bounds a loss of accuracy; a gain of any size is feasible.
     def fake(config: TrainConfig, c: Compression) -> dict[str, Any]:
         drop = -0.05 if c.weights == "bf16" else 0.0
-        return record(20e-6 * SPEED[c.weights], 1e-4 * SPEED[c.weights], 0.75 - drop, drop)
+        return evaluated(20e-6 * SPEED[c.weights], 1e-4 * SPEED[c.weights], 0.75 - drop, drop)
 
     space = tmp_path / "two.toml"
     space.write_text('weights = ["fp32", "bf16"]\nsparsity = ["dense"]\n')
@@ -337,7 +338,7 @@ def test_failed_trials_record_the_reason_and_a_run_of_them_stops_the_search(tmp_
 def test_energy_is_the_second_objective_where_measured_and_its_absence_fails_the_trial(tmp_path) -> None:
     def fake(config: TrainConfig, c: Compression) -> dict[str, Any]:
         energy = None if c.weights == "bf16" else 0.5 * SPEED[c.weights]
-        return record(1e-5 * SPEED[c.weights], 1e-4, 0.75, 0.0, energy=energy)
+        return evaluated(1e-5 * SPEED[c.weights], 1e-4, 0.75, 0.0, energy=energy)
 
     settings = SearchSettings(study_name="e", storage=f"sqlite:///{tmp_path / 'e.db'}", trials=3,
                               objectives=(LATENCY, ENERGY), objectives_note=None,

@@ -22,9 +22,7 @@ from model.config import TrainConfig
 from model.data import load_dataset
 from model.train import Trainer
 
-CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 LONG = (
     "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(cutlass_80_simt_sgemm_128x64_8x5_nn_align1::"
@@ -188,11 +186,6 @@ def test_from_totals_refuses_unknown_devices_and_no_epochs() -> None:
 # ---------------------------------------------------------------------------- real profiles
 
 
-@pytest.fixture(scope="module")
-def tiny_data():
-    return load_dataset("synthetic", scale=0.02)
-
-
 @pytest.fixture
 def one_thread():
     """One intra-op thread: on a busy machine an op waiting for its OpenMP team would
@@ -219,10 +212,10 @@ def steps_per_epoch(trainer: Trainer) -> int:
     return math.ceil(len(trainer.data.y_train) / trainer.config.batch_size)
 
 
-def test_cpu_profile_of_a_tiny_trainer_names_a_planted_op_first(tiny_data, one_thread, monkeypatch) -> None:
+def test_cpu_profile_of_a_tiny_trainer_names_a_planted_op_first(data, one_thread, monkeypatch) -> None:
     config = TrainConfig(width=16, depth=2, epochs=1)
-    trainer = Trainer(config, tiny_data)
-    device = tiny_data.device
+    trainer = Trainer(config, data)
+    device = data.device
     steps = steps_per_epoch(trainer)
     assert steps >= 2
 
@@ -251,8 +244,8 @@ def test_cpu_profile_of_a_tiny_trainer_names_a_planted_op_first(tiny_data, one_t
     assert KernelTable.from_dict(json.loads(json.dumps(planted.to_dict()))) == planted
 
 
-def test_profile_trainer_profiles_in_the_case_precision_and_train_mode(tiny_data, one_thread) -> None:
-    trainer = Trainer(TrainConfig(width=16, depth=1, epochs=1, precision="bf16"), tiny_data)
+def test_profile_trainer_profiles_in_the_case_precision_and_train_mode(data, one_thread) -> None:
+    trainer = Trainer(TrainConfig(width=16, depth=1, epochs=1, precision="bf16"), data)
     trainer.model.eval()
     table = profile_trainer(trainer, epochs=1, warmup=0)
     assert trainer.model.training
@@ -270,7 +263,6 @@ def test_profile_epochs_checks_its_arguments() -> None:
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("loop", ["fast", "graph"])
 def test_gpu_profile_names_a_planted_kernel_first(monkeypatch, loop) -> None:
     device = torch.device("cuda")

@@ -22,10 +22,7 @@ from model.train import make_optimizer
 from model.train import predict
 from model.train import train
 
-
-@pytest.fixture(scope="module")
-def data():
-    return load_dataset("synthetic", scale=0.05)
+DATA_SCALE = 0.05  # the data fixture's scale here (tests/conftest.py): the accuracy bounds below hold on this much
 
 
 def test_mlp_has_the_study_architecture() -> None:
