@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from bench.gate.record import RECORD_KEY
 from bench.gate.record import RUN_KEY
 from bench.gate.runs import COMPLETE
 from bench.gate.runs import FAILED
+from bench.gate.runs import PARTIAL_SUFFIX
 from bench.gate.runs import BaselineError
 from bench.gate.runs import RunState
 from bench.gate.runs import find_run_files
@@ -54,6 +56,7 @@ from bench.tools.rows import tier_row
 from kernels.ground import env as loadbench_env
 from kernels.ground.files import write_atomic
 
+PARTIAL_FILE = "run" + PARTIAL_SUFFIX  # what the plugin rewrites after every case beside run.json
 MODES = {  # mode: (tier, whether the run is stored as main's newest)
     "pr": ("pr", False),
     "main": ("pr", True),
@@ -344,8 +347,7 @@ def run_job(args: argparse.Namespace) -> int:
         tier_started = time.monotonic()
         exit_code = subprocess.run(command).returncode
         pytest_s = time.monotonic() - tier_started
-        partial = out / "run.partial.json"
-        run_file = run_json if run_json.is_file() else partial if partial.is_file() else None
+        run_file = finished_run(run_json, out / PARTIAL_FILE)
         failed_tests = junit_failures(junit)
         pairing = None
         if run_file is not None and exit_code == 1:
@@ -388,6 +390,20 @@ def run_job(args: argparse.Namespace) -> int:
         return exit_code
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def finished_run(run_json: Path, partial: Path) -> Path | None:
+    """The run file pytest left: run.json where it is a whole run file, else the partial
+    file the plugin rewrites after every case. A killed pytest leaves run.json empty, since
+    pytest-benchmark opens it when the session starts."""
+    for path in (run_json, partial):
+        if path.is_file():
+            try:
+                read_run(path)
+            except BaselineError:
+                continue
+            return path
+    return None
 
 
 def checked_gpu(asked: str | None, gpu: str, stored: Sequence[Path]) -> str:
@@ -443,9 +459,20 @@ def store(args: argparse.Namespace, run_file: Path, out: Path, before: set[Path]
                            str(out / "series"), str(run_file))
         return f"Stored: {said}."
     new = sorted(set(find_run_files(args.storage)) - before)
+    if not new and run_file.name == PARTIAL_FILE:  # pytest died before pytest-benchmark saved anything
+        new = [store_partial(args.storage, run_file, args.save_name)]
     if not new:
         raise CiError(f"pytest-benchmark saved no run in {args.storage}")
     return f"Stored as main's newest run: {new[-1]}."
+
+
+def store_partial(storage: Path, run_file: Path, name: str) -> Path:
+    """The partial run file as the storage's next run, where pytest-benchmark would have
+    saved it (a folder per machine, NNNN_name.json); the run says itself that it is partial."""
+    folder = storage / "-".join((platform.system(), platform.python_implementation(),
+                                 ".".join(platform.python_version_tuple()[:2]), platform.architecture()[0]))
+    numbers = [int(p.name[:4]) for p in folder.glob("*.json") if p.name[:4].isdigit()]
+    return write_atomic(folder / f"{max(numbers, default=0) + 1:04d}_{name}.json", run_file.read_bytes())
 
 
 def history(stored: list[Path], run_file: Path, out: Path) -> None:
