@@ -190,8 +190,8 @@ def test_a_planted_run_is_judged_against_an_unplanted_one_and_says_so(stored, tm
 
 
 def test_a_planted_baseline_does_not_gate(stored, tmp_path, budgets, capsys) -> None:
-    old = write_run(tmp_path / "old" / "old.json", 4, cases(), plant="150%:host")
-    new = write_run(tmp_path / "new.json", 5, cases(slowdown=2.5))
+    old = day_run(tmp_path / "old" / "old.json", 4, cases(), plant="150%:host")
+    new = day_run(tmp_path / "new.json", 5, cases(slowdown=2.5))
     code, out, _ = compare(capsys, old, new, "--budgets", budgets)
     assert code == 0
     assert "**Not gated**: OLD ran plant='150%:host', NEW plant=None: shown, not gated." in out
@@ -256,7 +256,7 @@ def test_compare_and_the_session_give_a_case_one_verdict(stored, tmp_path, budge
         run["benchmarks"].append({"fullname": serving_name("fp32"), "name": "s", "group": None, "stats": {},
                                   "extra_info": serving("fp32", 20e-6 * (1 + 0.002 * day), 0.0)})
         path.write_text(json.dumps(run))
-    new = write_run(tmp_path / "new.json", 5, records, **change)
+    new = day_run(tmp_path / "new.json", 5, records, **change)
     code, out, _ = compare(capsys, stored / "0004_old.json", new, "--budgets", budgets, "--budgets-too", "--json")
     tool = {item["fullname"]: item["verdict"] for item in json.loads(out)}
     for verdict in tool.values():  # the tool names the runs OLD and NEW, the session baseline and this run
@@ -550,9 +550,9 @@ def timed_call(median_us: float) -> dict:
 
 def test_timed_calls_are_judged_on_time_like_the_session_judges_them(tmp_path: Path, budgets: Path, capsys) -> None:
     cell = "bench/test_kernels.py::test_mlp_step[512-512-leaky_relu-fp32]"
-    old = write_run(tmp_path / "old.json", 4, {**cases(), cell: timed_call(180.0)})
-    steady = write_run(tmp_path / "same.json", 5, {**cases(), cell: timed_call(180.5)})
-    slower = write_run(tmp_path / "slower.json", 6, {**cases(), cell: timed_call(240.0)})
+    old = day_run(tmp_path / "old.json", 4, {**cases(), cell: timed_call(180.0)})
+    steady = day_run(tmp_path / "same.json", 5, {**cases(), cell: timed_call(180.5)})
+    slower = day_run(tmp_path / "slower.json", 6, {**cases(), cell: timed_call(240.0)})
     code, out, _ = compare(capsys, old, steady, "--budgets", budgets)
     assert code == 0 and "| timed call " in out
     assert row(out, "test_mlp_step[512-512-leaky_relu-fp32]").rstrip(" |").endswith("ok")
