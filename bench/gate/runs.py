@@ -77,6 +77,11 @@ PARTIAL_SUFFIX = ".partial.json"  # run.json's file while the session runs: run.
 RUN_STATES = (COMPLETE, FAILED, INTERRUPTED, PARTIAL)
 
 
+def partial_path(json_path: Path) -> Path:
+    """run.json -> run.partial.json: the file the plugin rewrites after every case."""
+    return json_path.with_name(json_path.stem + PARTIAL_SUFFIX)
+
+
 @dataclass(frozen=True)
 class RunState:
     """How a stored run ended, from machine_info[RECORD_KEY][RUN_KEY] (runs made before it

@@ -23,7 +23,7 @@ from pytest_benchmark.utils import safe_dumps
 from bench.gate.record import RECORD_KEY
 from bench.gate.record import RUN_KEY
 from bench.gate.runs import PARTIAL
-from bench.gate.runs import PARTIAL_SUFFIX
+from bench.gate.runs import partial_path
 from bench.gate.runs import RunState
 from bench.plugin.startup import json_path
 from kernels.ground.files import write_atomic
@@ -35,11 +35,6 @@ from kernels.ground.files import write_atomic
 # part of the session. The cases it waits over are in the next write, or the final file.
 SLOW_WRITE_S = 1.0
 COST_FACTOR = 50
-
-
-def partial_path(json_path: Path) -> Path:
-    """run.json -> run.partial.json"""
-    return json_path.with_name(json_path.stem + PARTIAL_SUFFIX)
 
 
 def json_target(benchmarksession: Any) -> Path | None:

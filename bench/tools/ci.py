@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -36,12 +35,13 @@ from bench.gate.record import RECORD_KEY
 from bench.gate.record import RUN_KEY
 from bench.gate.runs import COMPLETE
 from bench.gate.runs import FAILED
-from bench.gate.runs import PARTIAL_SUFFIX
 from bench.gate.runs import BaselineError
 from bench.gate.runs import RunState
 from bench.gate.runs import find_run_files
 from bench.gate.runs import gpu_name
+from bench.gate.runs import PARTIAL_SUFFIX
 from bench.gate.runs import is_inference
+from bench.gate.runs import partial_path
 from bench.gate.runs import read_run
 from bench.gate.runs import run_state
 from bench.gate.runs import setting
@@ -56,7 +56,6 @@ from bench.tools.rows import tier_row
 from kernels.ground import env as loadbench_env
 from kernels.ground.files import write_atomic
 
-PARTIAL_FILE = "run" + PARTIAL_SUFFIX  # what the plugin rewrites after every case beside run.json
 MODES = {  # mode: (tier, whether the run is stored as main's newest)
     "pr": ("pr", False),
     "main": ("pr", True),
@@ -347,7 +346,7 @@ def run_job(args: argparse.Namespace) -> int:
         tier_started = time.monotonic()
         exit_code = subprocess.run(command).returncode
         pytest_s = time.monotonic() - tier_started
-        run_file = finished_run(run_json, out / PARTIAL_FILE)
+        run_file = finished_run(run_json, partial_path(run_json))
         failed_tests = junit_failures(junit)
         pairing = None
         if run_file is not None and exit_code == 1:
@@ -459,7 +458,7 @@ def store(args: argparse.Namespace, run_file: Path, out: Path, before: set[Path]
                            str(out / "series"), str(run_file))
         return f"Stored: {said}."
     new = sorted(set(find_run_files(args.storage)) - before)
-    if not new and run_file.name == PARTIAL_FILE:  # pytest died before pytest-benchmark saved anything
+    if not new and run_file.name.endswith(PARTIAL_SUFFIX):  # pytest died before pytest-benchmark saved anything
         new = [store_partial(args.storage, run_file, args.save_name)]
     if not new:
         raise CiError(f"pytest-benchmark saved no run in {args.storage}")
@@ -468,9 +467,10 @@ def store(args: argparse.Namespace, run_file: Path, out: Path, before: set[Path]
 
 def store_partial(storage: Path, run_file: Path, name: str) -> Path:
     """The partial run file as the storage's next run, where pytest-benchmark would have
-    saved it (a folder per machine, NNNN_name.json); the run says itself that it is partial."""
-    folder = storage / "-".join((platform.system(), platform.python_implementation(),
-                                 ".".join(platform.python_version_tuple()[:2]), platform.architecture()[0]))
+    saved it (its machine's folder, NNNN_name.json); the run says itself that it is partial."""
+    from pytest_benchmark.utils import get_machine_id  # loads no pytest
+
+    folder = storage / get_machine_id()
     numbers = [int(p.name[:4]) for p in folder.glob("*.json") if p.name[:4].isdigit()]
     return write_atomic(folder / f"{max(numbers, default=0) + 1:04d}_{name}.json", run_file.read_bytes())
 
