@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from kernels.ops import mlp_step
 from kernels.ops.optim import FlatOptimizer
+from kernels.plan.launch_plan import cdiv
 from model.config import TrainConfig
 from model.data import load_dataset
 from model.mlp import MLP
@@ -632,6 +634,92 @@ def test_tiles_dealt_as_one_sequence_give_the_same_bits_on_a_gpu(shape) -> None:
     assert torch.equal(flat, flat_dealt) and torch.equal(total, total_dealt)
 
 
+@gpu
+@pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (512, 3, 512, "fp32")],
+                         ids=["3x512-tf32", "5x512-bf16", "3x512-fp32"])
+def test_split_tiles_give_the_same_bits_dealt_any_way_on_a_gpu(shape) -> None:
+    """Blocks.split: a tile's two parts meet at a counter and sum in a fixed order, so 30
+    steps end on the same bits whichever programs take the parts: grid barriers or
+    counter waits, the tiles dealt phase by phase or as one sequence, one or two programs
+    an SM."""
+    runs = [thirty_steps(shape, m=32, split=2, flags=flags, balance=balance, per_sm=per_sm)
+            for flags, balance, per_sm in ((False, False, 2), (True, False, 2), (True, True, 2), (True, False, 1))]
+    assert runs[0][2] != runs[3][2]  # two grids
+    for flat, total, _ in runs[1:]:
+        assert torch.equal(runs[0][0], flat) and torch.equal(runs[0][1], total)
+
+
+@interpreter
+@pytest.mark.parametrize(("width", "depth", "batch", "block_m", "precision"), [
+    (48, 3, 40, 16, "fp32"),      # partial tiles; the input's 75 columns split 48 + 27
+    (32, 1, 33, 32, "bf16"),      # one hidden layer, two head row blocks to a row block
+    (32, 2, 48, 16, "tf32"),      # whole tiles: unmasked loads over each part
+], ids=["3x48", "1x32-tall-rows-bf16", "2x32-whole"])
+def test_a_split_step_matches_float64_and_leaves_its_counters_zero(width, depth, batch, block_m, precision) -> None:
+    """Blocks.split = 2: every hidden tile's reduction in two parts, with grid barriers and
+    with counter waits (the same bits), over launches of different batch sizes: gradients
+    as close to float64 as one part's, every wait met, the counters zero after each launch."""
+    results = []
+    for flags in (False, True):
+        x, y, (model, _), (optim, _), exact = problem(width, depth, "tanh", "adam", rows=200)
+        step = fused(x, y, model, optim, "tanh", batch, precision)
+        step.use_blocks(dataclasses.replace(step.blocks, m=block_m, head_m=16, split=2, flags=flags))
+        for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):
+            scratch.fill_(float("nan"))
+        total = torch.zeros((), device=DEVICE)
+        for launch, rows in enumerate((batch, batch - 3, batch)):
+            index = torch.arange(launch * batch, launch * batch + rows, device=DEVICE)
+            if launch == 0:
+                exact.zero_grad()
+                F.cross_entropy(exact(x[index].double()), y[index]).backward()
+            step(index, total)
+            assert not step.sync.any()
+            if launch == 0:
+                for (_, start, stop), reference in zip(optim.spans(), exact.parameters()):
+                    want = reference.grad.flatten()
+                    bound = 1e-2 if precision == "bf16" else 1e-5
+                    assert rms(optim.flat.grad[start:stop].double() - want) <= bound * rms(want)
+        step.check()
+        results.append((optim.flat.detach().clone(), total.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+
+
+@pytest.mark.parametrize("settings", [["--precision", "fp32"], ["--precision", "tf32"], ["--precision", "bf16"],
+                                      ["--precision", "tf32", "--set", "m=32", "--set", "split=2"]],
+                         ids=["fp32", "tf32", "bf16", "tf32-split"])
+def test_the_step_compiles_for_hopper_without_a_gpu(settings) -> None:
+    """The interpreter runs the kernel's Python, not Triton's compiler: a kernel only the
+    compiler refuses (a value of two types on two branches, once) passed every CPU test.
+    bench.tools.step_compile builds it for sm_90 here, in a process without the
+    interpreter, and fails where the GPU's build would."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-m", "bench.tools.step_compile", *settings], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"sm_90, 3x512, batch 512, \w+, .*: \d+ registers, \d+ stack bytes, \d+ spill stores", done.stdout)
+
+
+def test_the_compile_tool_refuses_the_interpreter(monkeypatch, capsys) -> None:
+    from bench.tools.step_compile import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(SystemExit) as stop:
+        main(["--precision", "tf32"])
+    assert stop.value.code == 2 and "TRITON_INTERPRET=1 replaces the compiler" in capsys.readouterr().err
+
+
+def test_a_tile_splits_in_one_or_two_parts() -> None:
+    x, y, (model, _), (optim, _), _ = problem(32, 2, "tanh", "adam", rows=100)
+    step = fused(x, y, model, optim, "tanh", 40)
+    with pytest.raises(ValueError, match="Blocks.split=3; a tile's reduction splits in 1 or 2 parts"):
+        step.use_blocks(dataclasses.replace(step.blocks, split=3))
+    step.use_blocks(dataclasses.replace(step.blocks, m=16, split=2))
+    # 40 rows and 80 columns (the input's 75, padded): 3 x 5 hidden tiles of 16 x 16 at most
+    assert step.pair_tiles == 5 * cdiv(80, step.blocks.n)
+    assert step.sync.numel() == mlp_step.sync_counters(3, 40, 16, step.pair_tiles)
+
+
 def test_the_phase_table_reads_the_stamps() -> None:
     from bench.tools.step_phases import Phase
     from bench.tools.step_phases import phase_names
@@ -641,7 +729,30 @@ def test_the_phase_table_reads_the_stamps() -> None:
     assert phase_names(2) == ["F_0", "H", "last"]
     # Two programs, two layers: start, (arrival, departure) per barrier, end; in ns.
     stamps = [[0, 5000, 7000, 20000, 21000, 30000], [100, 6000, 7100, 19000, 21500, 40000]]
-    assert phases(stamps, 2) == [Phase("F_0", 5.9, 1.1), Phase("H", 13.0, 1.5), Phase("last", 18.5, None)]
+    assert phases(stamps, 2) == [Phase("F_0", 5.9, 1.1, 6.0), Phase("H", 13.0, 1.5, 20.0),
+                                 Phase("last", 18.5, None, 40.0)]
+
+
+def test_the_inner_stamps_give_each_part_of_the_first_forward_tiles() -> None:
+    from bench.tools.step_phases import inner_spans
+
+    # Columns 0 start, 2 F_0's end; 20-22 inside F_0's tile, 23-27 inside F_1's; a program
+    # without a tile of F_1 (the third) leaves those zero and is not counted.
+    def row(start, f0, f1):
+        r = [0] * 32
+        r[0], r[2] = start, start + 9000
+        r[20], r[21], r[22] = (start + f for f in f0)
+        if f1:
+            r[23], r[24], r[26], r[27] = (start + 9000 + f for f in f1)
+        return r
+    stamps = [row(1000, (4000, 5000, 8000), (1000, 5000, 6000, 7000)),  # globaltimer ns: never 0
+              row(1100, (3000, 4000, 6000), (2000, 4000, 5000, 5500)),
+              row(1200, (5000, 6000, 9000), None)]
+    spans = inner_spans(stamps, 4)
+    assert spans["F_0 product"] == (4.0, 5.0)  # 4, 3, 5 us: median 4, slowest 5
+    assert spans["F_1 wait"] == (2.0, 2.0) and spans["F_1 product"] == (4.0, 4.0)
+    assert spans["F_1 signal"] == (1.0, 1.0)
+    assert inner_spans(stamps, 6) is None
 
 
 def test_the_phase_tool_takes_a_tile_shape_and_refuses_a_bad_one(capsys) -> None:

@@ -139,8 +139,12 @@ def test_cell_and_phase_rows_carry_where_they_were_measured(tmp_path: Path) -> N
     assert (cell["mode"], cell["torch_us"], cell["compile_us"], cell["ours_us"]) == ("graph", 200.0, "", 100.0)
     assert (cell["speedup_vs_torch"], cell["speedup_vs_compile"]) == (2.0, "")
     setup = {"precision": "fp32", "depth": 3, "width": 512, "batch": 512, "blocks": "Blocks(m=16)"}
-    phases = phase_rows(setup, 41.234, [("F_0", 3.1, 0.4), ("last", 2.0, None)], where, "python -m x")
-    assert [(p["phase"], p["barrier_us"], p["step_us"]) for p in phases] == [("F_0", 0.4, 41.23), ("last", "", 41.23)]
+    phases = phase_rows(setup, 41.234, [("F_0", 3.1, 0.4, 3.2), ("last", 2.0, None, 41.0)], where, "python -m x",
+                        inner={"F_1 product": (3.6, 4.1)})
+    assert [(p["phase"], p["barrier_us"], p["done_us"], p["step_us"]) for p in phases[:2]] == [
+        ("F_0", 0.4, 3.2, 41.23), ("last", "", 41.0, 41.23)]
+    assert (phases[2]["phase"], phases[2]["work_us"]) == ("in F_1: product", 3.6)
+    assert "slowest 4.1" in phases[2]["note"]
     for rows, stem in (([cell], "kernel-cells"), (phases, "step-phases")):
         for row in rows:
             filled(row)

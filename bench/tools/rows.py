@@ -71,14 +71,16 @@ KINDS: dict[str, Kind] = {k.stem: k for k in (
          "a row of several cells gives their geometric mean",
          ("precision", "batch", "width", "activation", "mode", "torch_us", "compile_us", "ours_us", "speedup_vs_torch",
           "speedup_vs_compile", "best_baseline", "speedup_vs_best")),
-    Kind("step-phases", "the one-launch training step phase by phase: the slowest program's work and the wait "
-         "at the barrier after it (bench.tools.step_phases)",
-         ("precision", "depth", "width", "batch", "blocks", "step_us", "phase", "work_us", "barrier_us")),
+    Kind("step-phases", "the one-launch training step phase by phase: the slowest program's work, the wait "
+         "at the barrier after it and when the phase's last program finished it, from the step's start; "
+         "rows named 'in F_0: ...' and 'in F_1: ...' time a part of those phases' first tiles, the median "
+         "over the programs (bench.tools.step_phases)",
+         ("precision", "depth", "width", "batch", "blocks", "step_us", "phase", "work_us", "barrier_us", "done_us")),
     Kind("step-budget", "the one-launch step's phase budget: each phase's tiles, longest reduction chain, "
-         "L2 bytes (a model of the tiling), measured work and its share of the step a goal allows "
-         "(bench.tools.step_budget)",
-         ("precision", "depth", "width", "batch", "phase", "tiles", "chain", "l2_mb", "work_us", "step_us", "epoch_s",
-          "goal_epoch_s", "goal_step_us", "phase_goal_us")),
+         "L2 bytes (a model of the tiling), measured work, the time it added to the step and its share of the "
+         "step a goal allows (bench.tools.step_budget)",
+         ("precision", "depth", "width", "batch", "phase", "tiles", "chain", "l2_mb", "work_us", "added_us", "step_us",
+          "epoch_s", "goal_epoch_s", "goal_step_us", "phase_goal_us")),
     Kind("serving", "batch-1 latency, throughput and accuracy drop per case, compression variant and "
          "serving implementation",
          ("case", "variant", "impl", "latency_mode", "p50_us", "p99_us", "batch", "samples_per_s", "drop_pts",
@@ -271,14 +273,23 @@ def cell_rows(result: Mapping[str, Any], where: Mapping[str, str], source: str, 
 
 
 def phase_rows(
-    setup: Mapping[str, Any], step_us: float, phases: Iterable[tuple[str, float, float | None]],
+    setup: Mapping[str, Any], step_us: float, phases: Iterable[tuple[str, float, float | None, float | None]],
     where: Mapping[str, str], source: str, note: str = "",
+    inner: Mapping[str, Sequence[float]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per phase of step_phases' reading; `setup`: precision, depth, width, batch, blocks."""
-    return [{**where, **{k: setup[k] for k in ("precision", "depth", "width", "batch", "blocks")},
-             "step_us": round(step_us, 2), "phase": name, "work_us": work,
-             "barrier_us": "" if barrier is None else barrier, "source": source, "note": note}
-            for name, work, barrier in phases]
+    """One row per phase of step_phases' reading (name, work, barrier, done at), then one per
+    part of the first forward tiles (`inner`: name -> median, slowest); `setup`: precision,
+    depth, width, batch, blocks."""
+    fixed = {**where, **{k: setup[k] for k in ("precision", "depth", "width", "batch", "blocks")},
+             "step_us": round(step_us, 2), "source": source}
+    rows = [{**fixed, "phase": name, "work_us": work, "barrier_us": "" if barrier is None else barrier,
+             "done_us": "" if done is None else done, "note": note}
+            for name, work, barrier, done in phases]
+    for name, (median, slowest) in (inner or {}).items():
+        phase, _, part = name.partition(" ")
+        rows.append({**fixed, "phase": f"in {phase}: {part}", "work_us": median, "barrier_us": "", "done_us": "",
+                     "note": "; ".join(x for x in (note, f"median over the programs, slowest {slowest}") if x)})
+    return rows
 
 
 def measured_here(card: str, caches: str = "unknown", repo: Path | None = None) -> dict[str, str]:
@@ -403,9 +414,10 @@ def phase_rows_of(result: Mapping[str, Any], source: str, note: str = "") -> lis
     setup = {**result["config"], "blocks": " ".join(f"{k}={v}" for k, v in blocks.items())
              if isinstance(blocks, dict) else blocks}
     where = {key: result.get(key, "") for key in COMMON}
-    return phase_rows(setup, result["per_step_us"], [(p["name"], p["work_us"], p["barrier_us"])
-                                                     for p in result["phases"]], where, source,
-                      "; ".join(x for x in (f"{result.get('grid')} programs", note) if x))
+    return phase_rows(setup, result["per_step_us"],
+                      [(p["name"], p["work_us"], p["barrier_us"], p.get("done_us")) for p in result["phases"]],
+                      where, source, "; ".join(x for x in (f"{result.get('grid')} programs", note) if x),
+                      result.get("inner"))
 
 
 BUILDERS = {"gate-runs": lambda run, source, note: [gate_row(run, source, note)],

@@ -41,6 +41,10 @@ class Phase:
     name: str
     work_us: float  # the slowest program's time from the previous barrier's departure to its arrival
     barrier_us: float | None  # from the last arrival to the median departure; None after the last phase
+    # When the phase's last program finished it, from the first program's start: with
+    # counter waits a program's work holds its waits (an idle program's phase spans the
+    # wait for its first tile), so these steps, not the work, say what the phase added.
+    done_us: float | None = None
 
 
 def phase_names(layers: int) -> list[str]:
@@ -55,6 +59,7 @@ def phases(times: Sequence[Sequence[int]], layers: int) -> list[Phase]:
     barriers = len(names) - 1
     out = []
     left = [row[0] for row in times]  # each program's departure from the previous barrier
+    start = min(left)
     for b, name in enumerate(names):
         arrive = [row[1 + 2 * b] for row in times] if b < barriers else [row[2 * barriers + 1] for row in times]
         work = max(a - d for a, d in zip(arrive, left)) / 1e3
@@ -63,7 +68,28 @@ def phases(times: Sequence[Sequence[int]], layers: int) -> list[Phase]:
             depart = sorted(row[2 + 2 * b] for row in times)
             wait = (depart[len(depart) // 2] - max(arrive)) / 1e3
             left = [row[2 + 2 * b] for row in times]
-        out.append(Phase(name, round(work, 2), None if wait is None else round(wait, 2)))
+        out.append(Phase(name, round(work, 2), None if wait is None else round(wait, 2),
+                         round((max(arrive) - start) / 1e3, 2)))
+    return out
+
+
+# The stamps inside a forward tile (kernels/ops/mlp_step.py, _inner): (name, from column,
+# to column). Column 2 is F_0's end, where F_1 starts.
+INNER = (("F_0 product", 0, 20), ("F_0 epilogue", 20, 21), ("F_0 signal", 21, 22),
+         ("F_1 wait", 2, 23), ("F_1 product", 23, 24), ("F_1 epilogue", 24, 26), ("F_1 signal", 26, 27))
+
+
+def inner_spans(times: Sequence[Sequence[int]], layers: int) -> dict[str, tuple[float, float]] | None:
+    """Median and slowest program's span (us) of each part of the first forward tiles
+    (INNER), over the programs that stamped both ends; None where the kernel kept no
+    inner stamps (six or more layers: their phases use those columns)."""
+    if layers >= 6:
+        return None
+    out = {}
+    for name, a, b in INNER:
+        spans = sorted((row[b] - row[a]) / 1e3 for row in times if row[a] and row[b])
+        if spans:
+            out[name] = (round(spans[len(spans) // 2], 2), round(spans[-1], 2))
     return out
 
 
@@ -199,12 +225,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         step(index, total)
     torch.cuda.synchronize()
     step.check()
-    table = phases(step.times[:, :32].tolist(), len(model.hidden) + 1)
+    stamps = step.times[:, :32].tolist()
+    table = phases(stamps, len(model.hidden) + 1)
+    inner = inner_spans(stamps, len(model.hidden) + 1)
     print(f"{torch.cuda.get_device_name()}: {args.depth}x{args.width}, batch {args.batch}, {args.precision}, "
           f"{step.grid} programs, {step.blocks}: {per_step_us:.1f} us per step "
           f"(a CUDA graph of {args.steps} steps, best of five replays)")
-    print(tabulate([(p.name, p.work_us, "" if p.barrier_us is None else p.barrier_us) for p in table],
-                   headers=["phase", "work us (slowest program)", "barrier us"]))
+    print(tabulate([(p.name, p.work_us, "" if p.barrier_us is None else p.barrier_us, p.done_us) for p in table],
+                   headers=["phase", "work us (slowest program)", "barrier us", "done at us"]))
+    if inner:
+        print(tabulate([(name, *spans) for name, spans in inner.items()],
+                       headers=["inside the first forward tiles", "median us", "slowest us"]))
     if args.json is not None:
         import triton
 
@@ -214,15 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "config": {"depth": args.depth, "width": args.width, "batch": args.batch, "precision": args.precision,
                        "steps": args.steps},
             "grid": step.grid, "blocks": dataclasses.asdict(step.blocks), "per_step_us": round(per_step_us, 2),
-            "phases": [dataclasses.asdict(p) for p in table],
+            "phases": [dataclasses.asdict(p) for p in table], "inner": inner,
         }
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     if args.rows is not None:
         setup = {"precision": args.precision, "depth": args.depth, "width": args.width, "batch": args.batch,
                  "blocks": str(step.blocks)}
         command = " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)])  # no file: the command
-        rows = phase_rows(setup, per_step_us, [(p.name, p.work_us, p.barrier_us) for p in table],
-                          measured_here(torch.cuda.get_device_name()), command, f"{step.grid} programs")
+        rows = phase_rows(setup, per_step_us, [(p.name, p.work_us, p.barrier_us, p.done_us) for p in table],
+                          measured_here(torch.cuda.get_device_name()), command, f"{step.grid} programs", inner)
         print(f"appended {append_rows(args.rows, rows, KINDS['step-phases'])} row(s) to {args.rows}")
     return 0
 

@@ -139,6 +139,14 @@ def _stamp(times_ptr, column, TIMING: tl.constexpr):
 
 
 @triton.jit
+def _inner(times_ptr, column, TIMING: tl.constexpr, L: tl.constexpr):
+    """With TIMING, a stamp inside the first two forward phases (columns 20-27; docs
+    only), where the phases' own columns leave them free (L < 6)."""
+    if L < 6:
+        _stamp(times_ptr, column, TIMING)
+
+
+@triton.jit
 def _first(pid, P, base, BALANCE: tl.constexpr):
     """This program's first tile of a phase that follows `base` tiles of the step's earlier
     phases: with BALANCE the step's tiles are dealt out as one sequence, program p taking
@@ -148,6 +156,17 @@ def _first(pid, P, base, BALANCE: tl.constexpr):
         return (pid + P - base % P) % P
     else:
         return pid
+
+
+@triton.jit
+def _part(length, s, SPLIT: tl.constexpr, STEP: tl.constexpr):
+    """Part s of SPLIT of a reduction over `length` as (lo, hi): whole steps of STEP,
+    the parts as equal as that allows, the last one short."""
+    if SPLIT == 1:
+        return 0, length
+    else:
+        size = tl.cdiv(tl.cdiv(length, STEP), SPLIT) * STEP
+        return tl.multiple_of(s * size, STEP), tl.minimum(length, (s + 1) * size)
 
 
 @triton.jit
@@ -244,11 +263,32 @@ def _store_t(t_ptr, tile, offs_m, offs_c, M, M16, M_PAD, C):
 
 
 @triton.jit
+def _finish(acc, at, mask, s, pair_ptr, flag_ptr, SPLIT: tl.constexpr, SPIN: tl.constexpr):
+    """A tile whose reduction is split over SPLIT (1 or 2) parts, each its own work item:
+    part 0 stores its sum at `at` (where the tile's result goes) and counts it at
+    pair_ptr; the last part waits for that count and returns the partial + its own sum.
+    The sum's order is fixed, so the bits do not depend on which programs took the parts.
+    Returns (the tile's sum, whether this part finishes the tile)."""
+    if SPLIT == 1:
+        return acc, True
+    else:
+        last = s == SPLIT - 1
+        if last:
+            _wait(pair_ptr, SPLIT - 1, flag_ptr, SPIN)
+            acc = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg") + acc
+        else:
+            tl.store(at, acc, mask=mask)
+            _signal(pair_ptr, pair_ptr, False)
+        return acc, last
+
+
+@triton.jit
 def _forward_tile(
     t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, a_t_ptr, out_t_ptr, w_t_ptr, M, M16, M_PAD, N, K, F,
-    F_PAD, W_MAX, slope, GATHER: tl.constexpr, SAVE_Z: tl.constexpr, ACTIVATION: tl.constexpr, DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COPIES: tl.constexpr, EVEN: tl.constexpr,
-    SWAP: tl.constexpr,
+    F_PAD, W_MAX, slope, lo, hi, s, pair_ptr, flag_ptr, times_ptr, stamp, TIMING: tl.constexpr, L: tl.constexpr,
+    GATHER: tl.constexpr, SAVE_Z: tl.constexpr,
+    ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    COPIES: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr, SPIN: tl.constexpr,
 ):
     """Tile t of A_{i+1} = act(A_i @ W_i.T + b_i) (and Z_i for silu) into scratch. With
     GATHER, the tiles of column 0 also copy the batch's rows of X into a_ptr, zero-padded
@@ -256,7 +296,8 @@ def _forward_tile(
     With COPIES & 2 the tile also writes A_{i+1} transposed (out_t_ptr; X's copy to
     a_t_ptr), and with COPIES & 1 and no GATHER its share of W_i transposed (w_t_ptr),
     for the backward tiles (see _input_grad_tile, _weight_tile). EVEN (not with GATHER):
-    the product's loads go unmasked (see _step_kernel). SWAP: see _mma."""
+    the product's loads go unmasked (see _step_kernel). SWAP: see _mma. The tile reduces
+    K's part [lo, hi), part s of SPLIT (see _finish)."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     row_block = t // tiles_n
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -264,7 +305,7 @@ def _forward_tile(
     offs_k = tl.arange(0, BLOCK_K)
     rows = _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER, a_ptr, W_MAX)
     acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(lo, hi, BLOCK_K):
         a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER, EVEN)
         if GATHER:
             if t % tiles_n == 0:
@@ -289,23 +330,26 @@ def _forward_tile(
             w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
                         mask=(offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K), other=0.0)
         acc = _mma(a, w, acc, DOT, SWAP)
-    z = _unswap(acc, SWAP) + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    _inner(times_ptr, stamp, TIMING, L)  # the product's end
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out = offs_m[:, None].to(tl.int64) * W_MAX + offs_n[None, :]
-    a_next = activation(z, ACTIVATION, slope)
-    tl.store(out_ptr + out, a_next, mask=mask)
-    if SAVE_Z:
-        tl.store(z_ptr + out, z, mask=mask)
-    if COPIES & 2:
-        _store_t(out_t_ptr, a_next, offs_m, offs_n, M, M16, M_PAD, N)
-    if (COPIES & 1) and not GATHER:
-        # W_i^T for G_{i-1} = G_i W_i: chunk j of K by row block j mod the row blocks, once
-        # each, after the product (stored inside its loop, it stalled the loop's pipeline).
-        for k0 in range(row_block * BLOCK_K, K, tl.cdiv(M, BLOCK_M) * BLOCK_K):
-            w_mask = (offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K)
-            w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None], mask=w_mask, other=0.0)
-            tl.store(w_t_ptr + (k0 + offs_k)[:, None].to(tl.int64) * W_MAX + offs_n[None, :],
-                     w.to(w_t_ptr.dtype.element_ty), mask=w_mask)
+    z, last = _finish(_unswap(acc, SWAP), out_ptr + out, mask, s, pair_ptr, flag_ptr, SPLIT, SPIN)
+    if last:
+        z += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        a_next = activation(z, ACTIVATION, slope)
+        tl.store(out_ptr + out, a_next, mask=mask)
+        if SAVE_Z:
+            tl.store(z_ptr + out, z, mask=mask)
+        if COPIES & 2:
+            _store_t(out_t_ptr, a_next, offs_m, offs_n, M, M16, M_PAD, N)
+        if (COPIES & 1) and not GATHER:
+            # W_i^T for G_{i-1} = G_i W_i: chunk j of K by row block j mod the row blocks, once
+            # each, after the product (stored inside its loop, it stalled the loop's pipeline).
+            for k0 in range(row_block * BLOCK_K, K, tl.cdiv(M, BLOCK_M) * BLOCK_K):
+                w_mask = (offs_n[None, :] < N) & ((k0 + offs_k)[:, None] < K)
+                w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None], mask=w_mask, other=0.0)
+                tl.store(w_t_ptr + (k0 + offs_k)[:, None].to(tl.int64) * W_MAX + offs_n[None, :],
+                         w.to(w_t_ptr.dtype.element_ty), mask=w_mask)
 
 
 @triton.jit
@@ -364,21 +408,23 @@ def _head_tile(
 
 @triton.jit
 def _input_grad_tile(
-    t, g_ptr, saved_ptr, w_ptr, w_t_ptr, g_prev_ptr, g_prev_t_ptr, M, M16, M_PAD, N, K, W_MAX, slope, one,
-    ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    COPIES: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr,
+    t, g_ptr, saved_ptr, w_ptr, w_t_ptr, g_prev_ptr, g_prev_t_ptr, M, M16, M_PAD, N, K, W_MAX, slope, one, lo, hi, s,
+    pair_ptr, flag_ptr, ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, COPIES: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr,
+    SPIN: tl.constexpr,
 ):
     """Tile t of G_{i-1} = (G_i @ W_i) * act'(.): (M, K) out, reduced over W_i's N rows.
     With COPIES & 1, W_i comes from its transposed copy (N contiguous, so the MMA's operand
     loads whole from shared memory); with COPIES & 2, G_{i-1} also goes out transposed.
-    EVEN: the product's loads go unmasked (see _step_kernel). SWAP: see _mma."""
+    EVEN: the product's loads go unmasked (see _step_kernel). SWAP: see _mma. The tile
+    reduces N's part [lo, hi), part s of SPLIT (see _finish)."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_m = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_K)
     rows = g_ptr + offs_m.to(tl.int64) * W_MAX
     acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
-    for n0 in range(0, N, BLOCK_K):
+    for n0 in range(lo, hi, BLOCK_K):
         g = _load_a(rows, n0 + offs_r, offs_m, M, N, False, EVEN)
         w_mask = ((n0 + offs_r)[:, None] < N) & (offs_k[None, :] < K)
         if COPIES & 1:
@@ -394,11 +440,13 @@ def _input_grad_tile(
         acc = _mma(g, w, acc, DOT, SWAP)
     out = offs_m[:, None].to(tl.int64) * W_MAX + offs_k[None, :]
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
-    saved = tl.load(saved_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
-    g_prev = activation_grad(_unswap(acc, SWAP), saved, ACTIVATION, slope, one)
-    tl.store(g_prev_ptr + out, g_prev, mask=mask)
-    if COPIES & 2:
-        _store_t(g_prev_t_ptr, g_prev, offs_m, offs_k, M, M16, M_PAD, K)
+    dh, last = _finish(_unswap(acc, SWAP), g_prev_ptr + out, mask, s, pair_ptr, flag_ptr, SPLIT, SPIN)
+    if last:
+        saved = tl.load(saved_ptr + out, mask=mask, other=0.0, cache_modifier=".cg")
+        g_prev = activation_grad(dh, saved, ACTIVATION, slope, one)
+        tl.store(g_prev_ptr + out, g_prev, mask=mask)
+        if COPIES & 2:
+            _store_t(g_prev_t_ptr, g_prev, offs_m, offs_k, M, M16, M_PAD, K)
 
 
 @triton.jit
@@ -459,9 +507,9 @@ def _weight_operands(
 @triton.jit
 def _weight_tile(
     t, a_ptr, g_ptr, a_t_ptr, g_t_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, M16, M_PAD, N, N_LOAD, K,
-    K_LOAD, W_MAX, step, ready_ptr, ready, flag_ptr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+    K_LOAD, W_MAX, step, ready_ptr, ready, flag_ptr, lo, hi, s, pair_ptr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr,
-    BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr, SPIN: tl.constexpr,
+    BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr, SPIN: tl.constexpr, SPLIT: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
     BETA2: tl.constexpr, LOG2_BETA1: tl.constexpr, LOG2_BETA2: tl.constexpr, MOMENTUM: tl.constexpr,
     LR_DECAY: tl.constexpr, ALPHA: tl.constexpr,
@@ -474,7 +522,9 @@ def _weight_tile(
     (zeros past M): the MMA's operands then load whole from shared memory. With FLAGS the
     update waits for the counter at ready_ptr to reach `ready`: the old weights' last reads.
     SWAP: see _mma. Before db's rows had their own load, SWAP with COPIES & 2 gave
-    different bits run to run (H200, Triton 3.6); with it, runs repeat their bits."""
+    different bits run to run (H200, Triton 3.6); with it, runs repeat their bits. The
+    tile reduces the batch's part [lo, hi), part s of SPLIT: part 0's sums go through the
+    gradient's place in grad_ptr (_finish), and the last part alone updates."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_n = _first_row(t, tiles_k, BLOCK_M) + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -490,40 +540,50 @@ def _weight_tile(
     else:
         batch_rows = M
     if BATCH_TAIL:
-        whole = M // BLOCK_K * BLOCK_K
+        whole = lo + (hi - lo) // BLOCK_K * BLOCK_K
     else:
-        whole = 0
-    for m0 in range(0, whole, BLOCK_K):
+        whole = lo
+    for m0 in range(lo, whole, BLOCK_K):
         gt, a, g_rows = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows,
                                          N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, False, SWAP)
         acc = _mma(gt, a, acc, DOT, SWAP)
         gsum += g_rows
-    for m0 in tl.range(whole, M, BLOCK_K, num_stages=1 if BATCH_TAIL else None):
+    for m0 in tl.range(whole, hi, BLOCK_K, num_stages=1 if BATCH_TAIL else None):
         gt, a, g_rows = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows,
                                          N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, True, SWAP)
         acc = _mma(gt, a, acc, DOT, SWAP)
         gsum += g_rows
     db = tl.sum(gsum, axis=1)
-    # The gradient goes out first and the optimizer then walks the tile CHUNK elements at a
-    # time: a loop, where updating the tile in registers unrolled into thousands of
-    # instructions, each step fetched anew into a cold instruction cache.
-    tl.store(grad_ptr + w_off + offs_n[:, None] * K + offs_k[None, :], _unswap(acc, SWAP),
-             mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
-    tl.debug_barrier()  # the tile's stores, by all its threads, before any thread reads them back
-    if FLAGS:
-        _wait(ready_ptr, ready, flag_ptr, SPIN)
-    for c in range(0, BLOCK_M * BLOCK_N, CHUNK):
-        e = c + tl.arange(0, CHUNK)
-        rows = _first_row(t, tiles_k, BLOCK_M) + e // BLOCK_N
-        cols = (t % tiles_k) * BLOCK_N + e % BLOCK_N
-        offs = w_off + rows * K + cols
-        mask = (rows < N) & (cols < K)
-        _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, offs, mask, tl.load(grad_ptr + offs, mask=mask, cache_modifier=".cg"),
-                step, False, ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY,
-                ALPHA)
-    if t % tiles_k == 0:
-        _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, b_off + offs_n, offs_n < N, db, step, True,
-                ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+    at = grad_ptr + w_off + offs_n[:, None] * K + offs_k[None, :]
+    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
+    bias_at = grad_ptr + b_off + offs_n
+    if SPLIT > 1:  # db's partial sum goes in the bias gradient's place, before _finish counts the part
+        if (s < SPLIT - 1) & (t % tiles_k == 0):
+            tl.store(bias_at, db, mask=offs_n < N)
+    dw, last = _finish(_unswap(acc, SWAP), at, mask, s, pair_ptr, flag_ptr, SPLIT, SPIN)
+    if last:
+        if SPLIT > 1:
+            if t % tiles_k == 0:
+                db = tl.load(bias_at, mask=offs_n < N, other=0.0, cache_modifier=".cg") + db
+        # The gradient goes out first and the optimizer then walks the tile CHUNK elements at a
+        # time: a loop, where updating the tile in registers unrolled into thousands of
+        # instructions, each step fetched anew into a cold instruction cache.
+        tl.store(at, dw, mask=mask)
+        tl.debug_barrier()  # the tile's stores, by all its threads, before any thread reads them back
+        if FLAGS:
+            _wait(ready_ptr, ready, flag_ptr, SPIN)
+        for c in range(0, BLOCK_M * BLOCK_N, CHUNK):
+            e = c + tl.arange(0, CHUNK)
+            rows = _first_row(t, tiles_k, BLOCK_M) + e // BLOCK_N
+            cols = (t % tiles_k) * BLOCK_N + e % BLOCK_N
+            offs = w_off + rows * K + cols
+            mask_e = (rows < N) & (cols < K)
+            _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, offs, mask_e,
+                    tl.load(grad_ptr + offs, mask=mask_e, cache_modifier=".cg"), step, False, ALGORITHM, LR,
+                    WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
+        if t % tiles_k == 0:
+            _update(p_ptr, grad_ptr, s1_ptr, s2_ptr, b_off + offs_n, offs_n < N, db, step, True,
+                    ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM, LR_DECAY, ALPHA)
 
 
 @triton.jit
@@ -553,8 +613,9 @@ def _layer(layout_ptr, i, HINT_N: tl.constexpr, HINT_K: tl.constexpr):
 def _step_kernel(
     x_ptr, y_ptr, idx_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, step_ptr, n_steps, layout_ptr,
     act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr, sync_ptr,
-    M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one,
-    L: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, BALANCE: tl.constexpr, ACTIVATION: tl.constexpr,
+    M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one, PAIR_T,
+    L: tl.constexpr, SPLIT: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, BALANCE: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     SAVE_Z: tl.constexpr,
     DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr, BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORWARD_K: tl.constexpr, CHUNK: tl.constexpr,
@@ -579,7 +640,10 @@ def _step_kernel(
     tiles', 2 the input-gradient tiles', 4 the weight tiles' products run transposed (_mma).
     BALANCE: the step's tiles are dealt to the programs as one sequence (_first). A tile
     computes the same bits whichever program takes it, and a program still takes its tiles
-    in the step's order, so the lowest unfinished tile can always run."""
+    in the step's order, so the lowest unfinished tile can always run. SPLIT (1 or 2): each
+    hidden tile (forward, input-gradient, weight) is SPLIT work items, each reducing a part
+    of its reduction (_part, _finish); the last part, later in the step's order, waits for
+    the others at a counter of its own (PAIR_T per phase), so the same argument holds."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
@@ -595,6 +659,7 @@ def _step_kernel(
     rows_g = rows_a + L * rb
     done_g = rows_a + 2 * L * rb
     done_f = done_g + L
+    pairs = done_f + L  # SPLIT: a counter per tile, PAIR_T a phase: forward i, G_{k-1} at L + k, dW_u at 2L + u
     if FLAGS:  # after the read of step, which program 0 overwrites once all have started
         tl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu")
     _stamp(times_ptr, 0, TIMING)
@@ -604,28 +669,44 @@ def _step_kernel(
     # copy of the tile code (a run-time loop), so a phase finds its instructions cached.
     w_off, b_off, N, K = _layer(layout_ptr, 0, ALIGNED, False)
     base = pid.to(tl.int64) * 0  # tiles of the phases before this one (BALANCE)
-    for t in range(pid, R * tl.cdiv(N, BLOCK_N), P):
+    for item in range(pid, R * tl.cdiv(N, BLOCK_N) * SPLIT, P):
+        t, s = item // SPLIT, item % SPLIT
+        lo, hi = _part(K, s, SPLIT, FORWARD_K)
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
                       act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
-                      True, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False, SWAP & 1)
+                      lo, hi, s, pairs + t, flag_ptr, times_ptr, 20, TIMING, L, True, SAVE_Z, ACTIVATION, DOT,
+                      BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False, SWAP & 1, SPLIT, SPIN)
+        _inner(times_ptr, 21, TIMING, L)  # the tile's end
         if FLAGS:
-            _signal(rows_a + t // tl.cdiv(N, BLOCK_N), rows_a, False)
+            if s == SPLIT - 1:
+                _signal(rows_a + t // tl.cdiv(N, BLOCK_N), rows_a, False)
+        _inner(times_ptr, 22, TIMING, L)  # its signal's end
     _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, 0, TIMING, FLAGS)
-    base += R * tl.cdiv(N, BLOCK_N)
+    base += R * tl.cdiv(N, BLOCK_N) * SPLIT
     for i in range(1, L - 1):
         w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED, ALIGNED)
-        for t in range(_first(pid, P, base, BALANCE), R * tl.cdiv(N, BLOCK_N), P):
+        for item in range(_first(pid, P, base, BALANCE), R * tl.cdiv(N, BLOCK_N) * SPLIT, P):
+            t, s = item // SPLIT, item % SPLIT
             if FLAGS:  # row block r of A_i: the previous layer's tiles of those rows
                 _wait(rows_a + (i - 1) * rb + t // tl.cdiv(N, BLOCK_N), tl.cdiv(K, BLOCK_N), flag_ptr, SPIN)
+            if i == 1:
+                _inner(times_ptr, 23, TIMING, L)  # F_1's wait's end
+            lo, hi = _part(K, s, SPLIT, FORWARD_K)
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
                           act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, act_t_ptr + i * plane_t,
                           act_t_ptr + (i + 1) * plane_t, w_t_ptr + i * plane_w, M, M16, M_PAD, N, K, F, F_PAD,
-                          W_MAX, slope, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, EVEN,
-                          SWAP & 1)
+                          W_MAX, slope, lo, hi, s, pairs + i * PAIR_T + t, flag_ptr, times_ptr, 23 + tl.minimum(i, 2),
+                          TIMING, L, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, EVEN,
+                          SWAP & 1, SPLIT, SPIN)
+            if i == 1:
+                _inner(times_ptr, 26, TIMING, L)  # F_1's tile's end
             if FLAGS:
-                _signal(rows_a + i * rb + t // tl.cdiv(N, BLOCK_N), done_f + i, COPIES & 1)
+                if s == SPLIT - 1:
+                    _signal(rows_a + i * rb + t // tl.cdiv(N, BLOCK_N), done_f + i, COPIES & 1)
+            if i == 1:
+                _inner(times_ptr, 27, TIMING, L)  # its signal's end
         _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, i, TIMING, FLAGS)
-        base += R * tl.cdiv(N, BLOCK_N)
+        base += R * tl.cdiv(N, BLOCK_N) * SPLIT
     # The head, the loss, G_{L-1} and G_{L-2}.
     h = L - 1
     w_off, b_off, _, K = _layer(layout_ptr, L - 1, False, ALIGNED)
@@ -661,8 +742,10 @@ def _step_kernel(
             Nu_load = (Nu + 15) // 16 * 16
         else:
             Nu_load = Nu
-        weight_tiles = data_tiles + tl.cdiv(Nu, BLOCK_M) * tl.cdiv(Ku, BLOCK_N)
-        tiles = weight_tiles + tl.where(k == 0, tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N), 0)
+        # Work items: each tile's SPLIT parts, the data tiles', then dW_u's, then (k = 0) dW_0's.
+        data_items = data_tiles * SPLIT
+        weight_items = data_items + tl.cdiv(Nu, BLOCK_M) * tl.cdiv(Ku, BLOCK_N) * SPLIT
+        items = weight_items + tl.where(k == 0, tl.cdiv(N0, BLOCK_M) * tl.cdiv(K0, BLOCK_N), 0) * SPLIT
         # What the tiles wait for (FLAGS), as (counter, count per launch): all of G_k (the
         # weight tiles' update: W_{k+1}'s last reads; dW_0's product) and of G_{k+1} (dW_{k+1}'s
         # product). The head's tiles count for G_{L-1} and G_{L-2}.
@@ -679,8 +762,9 @@ def _step_kernel(
         else:
             all_u = done_g + u
             all_u_count = R * tl.cdiv(Nu, BLOCK_N)
-        for t in range(_first(pid, P, base, BALANCE), tiles, P):
-            if t < data_tiles:
+        for item in range(_first(pid, P, base, BALANCE), items, P):
+            if item < data_items:
+                t, s = item // SPLIT, item % SPLIT
                 if FLAGS:
                     r = t // tl.cdiv(K, BLOCK_N)
                     count = tl.cdiv(N, BLOCK_N)  # G_k's tiles of a row block
@@ -689,32 +773,40 @@ def _step_kernel(
                     _wait(rows_g + k * rb + r, count, flag_ptr, SPIN)
                     if COPIES & 1:  # W_k's copy, written by all of F_k's tiles
                         _wait(done_f + k, R * tl.cdiv(N, BLOCK_N), flag_ptr, SPIN)
+                n_lo, n_hi = _part(N, s, SPLIT, BLOCK_K)  # names of their own: N is int64, M int32
                 _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off, w_t_ptr + k * plane_w,
                                  g_ptr + (k - 1) * plane, g_t_ptr + (k - 1) * plane_t, M, M16, M_PAD, N, K, W_MAX,
-                                 slope, one, ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES, EVEN, SWAP & 2)
+                                 slope, one, n_lo, n_hi, s, pairs + (L + k) * PAIR_T + t, flag_ptr, ACTIVATION, DOT,
+                                 BLOCK_M, BLOCK_N, BLOCK_K, COPIES, EVEN, SWAP & 2, SPLIT, SPIN)
                 if FLAGS:
-                    _signal(rows_g + (k - 1) * rb + r, done_g + k - 1, True)
-            elif t < weight_tiles:
+                    if s == SPLIT - 1:
+                        _signal(rows_g + (k - 1) * rb + r, done_g + k - 1, True)
+            elif item < weight_items:
+                t, s = (item - data_items) // SPLIT, (item - data_items) % SPLIT
                 if FLAGS:  # G_u whole; the update then waits for G_{u-1} (W_u's last reads)
                     _wait(all_u, all_u_count, flag_ptr, SPIN)
-                _weight_tile(t - data_tiles, act_ptr + u * plane, g_ptr + u * plane, act_t_ptr + u * plane_t,
+                m_lo, m_hi = _part(M, s, SPLIT, BLOCK_K)
+                _weight_tile(t, act_ptr + u * plane, g_ptr + u * plane, act_t_ptr + u * plane_t,
                              g_t_ptr + u * plane_t, p_ptr, grad_ptr, s1_ptr, s2_ptr, wu_off, bu_off,
                              M, M16, M_PAD, Nu, Nu_load, Ku, Ku, W_MAX, step, all_k, all_k_count, flag_ptr,
-                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SWAP & 4, SPIN,
+                             m_lo, m_hi, s, pairs + (2 * L + u) * PAIR_T + t,
+                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SWAP & 4, SPIN, SPLIT,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
             else:
+                t, s = (item - weight_items) // SPLIT, (item - weight_items) % SPLIT
                 if FLAGS:  # G_0 whole; W_0's last reads were F_0's, so its update waits for nothing more
                     _wait(all_k, all_k_count, flag_ptr, SPIN)
-                _weight_tile(t - weight_tiles, act_ptr, g_ptr, act_t_ptr, g_t_ptr,  # X's copy, from F_0
+                m_lo, m_hi = _part(M, s, SPLIT, BLOCK_K)
+                _weight_tile(t, act_ptr, g_ptr, act_t_ptr, g_t_ptr,  # X's copy, from F_0
                              p_ptr, grad_ptr, s1_ptr, s2_ptr, w0_off, b0_off, M, M16, M_PAD, N0, N0, K0, F_PAD, W_MAX,
-                             step, all_k, 0, flag_ptr, DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL,
-                             SWAP & 4, SPIN,
+                             step, all_k, 0, flag_ptr, m_lo, m_hi, s, pairs + 2 * L * PAIR_T + t,
+                             DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SWAP & 4, SPIN, SPLIT,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
         if k > 0:
             _phase_end(bar_ptr, flag_ptr, P, SPIN, times_ptr, L + j, TIMING, FLAGS)
-        base += tiles
+        base += items
     # Program 0 adds the batch's loss to the total and advances the step counts.
     _stamp(times_ptr, 4 * L - 3, TIMING)
     if pid == 0:
@@ -728,11 +820,12 @@ def _step_kernel(
         for s0 in range(0, n_steps, 1024):
             counts = s0 + tl.arange(0, 1024)
             tl.store(step_ptr + counts, step.to(tl.float32), mask=counts < n_steps)
-    if FLAGS:  # the last program to finish: every wait and signal of the launch is behind it
+    if FLAGS or SPLIT > 1:  # the last program to finish: every wait and signal of the launch is behind it
         if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:
-            for c0 in range(0, 2 + 2 * L * rb + 2 * L, 1024):
+            counters = 2 + 2 * L * rb + 2 * L + 3 * L * PAIR_T
+            for c0 in range(0, counters, 1024):
                 offs = c0 + tl.arange(0, 1024)
-                tl.store(sync_ptr + offs, tl.zeros((1024,), tl.int64), mask=offs < 2 + 2 * L * rb + 2 * L)
+                tl.store(sync_ptr + offs, tl.zeros((1024,), tl.int64), mask=offs < counters)
 
 
 # --------------------------------------------------------------------- launching
@@ -756,6 +849,7 @@ class Blocks:
     k_forward: int = 0  # the forward tiles' reduction step, where not k
     swap: int = 0  # bits: the forward (1), input-gradient (2), weight (4) tiles' products run transposed (_mma)
     balance: bool = False  # the step's tiles dealt to the programs as one sequence, not phase by phase
+    split: int = 1  # 1 or 2: each hidden tile's reduction over this many work items, summed in a fixed order
 
     @property
     def chunk(self) -> int:
@@ -813,11 +907,21 @@ def whole_tiles(rows: int, hidden: list[int], blocks: Blocks) -> bool:
         w % max(blocks.n, blocks.k, blocks.k_forward) == 0 for w in hidden)
 
 
-def sync_counters(layers: int, rows: int, block_m: int) -> int:
-    """The int64 counters a step with Blocks.flags keeps (see _step_kernel): programs
-    started and finished, rows of A and of G done per row block of `block_m`, and all of G
-    and F per layer."""
-    return 2 + 2 * layers * cdiv(rows, block_m) + 2 * layers
+def sync_counters(layers: int, rows: int, block_m: int, pair_tiles: int = 0) -> int:
+    """The int64 counters a step with Blocks.flags or split keeps (see _step_kernel):
+    programs started and finished, rows of A and of G done per row block of `block_m`, all
+    of G and F per layer, and with split a counter per tile of a phase (`pair_tiles`, at
+    most; three kinds of phase per layer)."""
+    return 2 + 2 * layers * cdiv(rows, block_m) + 2 * layers + 3 * layers * pair_tiles
+
+
+def pair_tiles(rows: int, width: int, blocks: Blocks) -> int:
+    """The most tiles of one phase with blocks.split > 1 (0 without): the hidden tiles of
+    `rows` by `width` columns or the weight tiles of a `width` x `width` matrix, where
+    `width` is the widest layer or input."""
+    if blocks.split == 1:
+        return 0
+    return max(cdiv(rows, blocks.m), cdiv(width, blocks.m)) * cdiv(width, blocks.n)
 
 
 def resident_per_sm(
@@ -855,7 +959,7 @@ class FusedStep:
 
     def __init__(
         self, x: torch.Tensor, y: torch.Tensor, layers: list[torch.nn.Linear], optimizer: FlatOptimizer,
-        activation_name: str, precision: str, batch: int,
+        activation_name: str, precision: str, batch: int, sms: int | None = None,
     ) -> None:
         self.x, self.y = x.contiguous(), y.contiguous()
         self.device = x.device
@@ -878,7 +982,8 @@ class FusedStep:
         self.block_c = max(16, next_power_of_2(self.widths[-1]))  # >= the columns of G_{L-1} read
         self.w_max = max(self.widths + [self.f_pad, self.block_c])
         self.classes = self.widths[-1]
-        self.sms = 1 if INTERPRETER else torch.cuda.get_device_properties(self.device).multi_processor_count
+        # `sms`: the GPU's, unless given (a build for another GPU than this machine's, if any)
+        self.sms = 1 if INTERPRETER else sms or torch.cuda.get_device_properties(self.device).multi_processor_count
         self.programs = self.sms
         self.blocks = blocks_for(batch, max(self.widths[:-1]), self.sms, precision)
         plane = batch * self.w_max
@@ -917,7 +1022,11 @@ class FusedStep:
         self.g_t = torch.zeros(columns, dtype=dtype, device=self.device)
         self.w_t = torch.zeros(self.L * self.w_max * self.w_max if blocks.copies & 1 else 1, dtype=dtype,
                                device=self.device)
-        self.sync = torch.zeros(sync_counters(self.L, self.rows, blocks.m), dtype=torch.int64, device=self.device)
+        if blocks.split not in (1, 2):
+            raise ValueError(f"FusedStep: Blocks.split={blocks.split}; a tile's reduction splits in 1 or 2 parts")
+        self.pair_tiles = pair_tiles(self.rows, self.w_max, blocks)
+        self.sync = torch.zeros(sync_counters(self.L, self.rows, blocks.m, self.pair_tiles), dtype=torch.int64,
+                                device=self.device)
         self.barrier.zero_()  # counts arrivals by the grid's programs, which may change
 
     @staticmethod
@@ -948,10 +1057,10 @@ class FusedStep:
             self.x, self.y, index, flat, flat.grad, s1, s2, state["step"], state["step"].numel(), self.layout,
             self.act, self.z, self.g, self.act_t, self.g_t, self.w_t, self.part, total, self.loss, self.barrier,
             self.flag, self.sync, m, cdiv(m, 16) * 16, self.x.shape[1], self.f_pad, self.classes, self.rows, self.m_pad,
-            self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0,
+            self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0, self.pair_tiles,
         ]
         kwargs = dict(
-            L=self.L, COPIES=b.copies, FLAGS=b.flags, BALANCE=b.balance, ACTIVATION=self.activation,
+            L=self.L, SPLIT=b.split, COPIES=b.copies, FLAGS=b.flags, BALANCE=b.balance, ACTIVATION=self.activation,
             SAVE_Z=self.save_z, DOT=self.dot,
             ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
             BATCH_TAIL=self.unmasked, SWAP=b.swap,
