@@ -62,6 +62,31 @@ def test_rows_name_each_phase_with_its_goal(tmp_path: Path, capsys) -> None:
     assert "allows" in capsys.readouterr().out
 
 
+def test_a_phase_goal_scales_the_time_the_phase_added_to_the_step() -> None:
+    """With counter waits a program's work holds its waits; when the phase's last program
+    finished it (done_us) does not: the goals scale each phase's step on that timeline."""
+    from bench.tools.step_budget import budget_rows
+
+    timed = result()
+    done = (8.0, 14.0, 20.0, 27.0, 37.0, 47.0, 64.0)
+    for phase, at in zip(timed["phases"], done):
+        phase["done_us"] = at
+    run = json.loads(run_file_text())
+    budget, rows = budget_rows(timed, run, 0.008, "p.json + r.json")
+    added = [r["added_us"] for r in rows]
+    assert added == [8.0, 6.0, 6.0, 7.0, 10.0, 10.0, 17.0] and sum(added) == 64.0
+    scale = budget.goal_step_us / 64.0
+    assert [r["phase_goal_us"] for r in rows] == [round(a * scale, 2) for a in added]
+    _, untimed = budget_rows(result(), run, 0.008, "p.json + r.json")  # older results: the work, scaled
+    assert untimed[0]["added_us"] == "" and untimed[0]["phase_goal_us"] == round(8.0 * scale, 2)
+
+
+def run_file_text() -> str:
+    info = {"step_route": "fused-step", "median_epoch_s": 0.0112, "dataset": {"train_frames": 81396},
+            "config": {"precision": "tf32", "depth": 3, "width": 512, "batch_size": 512}}
+    return json.dumps({"benchmarks": [{"extra_info": info}]})
+
+
 def test_a_run_without_the_fused_step_of_that_model_is_one_clear_error(tmp_path: Path, capsys) -> None:
     phases = tmp_path / "phases.json"
     phases.write_text(json.dumps(result()))

@@ -7,9 +7,11 @@ Reads a `python -m bench.tools.step_phases --json` result (the phases timed on a
 the run file of the same model through the fused step (its median epoch), and prints a
 row per phase: its tiles, the longest reduction chain of one tile, the bytes its tiles
 read through L2 (a model of kernels/ops/mlp_step.py's tiling, checked against Nsight
-Compute's lts__t_bytes), its measured work, and its share of the step the goal allows.
-The goal's step is (goal epoch - the epoch's time outside the steps) / steps an epoch;
-each phase's goal scales its measured work by goal step / measured step. Explained in
+Compute's lts__t_bytes), its measured work, the time it added to the step (when its last
+program finished it, less when the phase before finished: these sum to the step) and its
+share of the step the goal allows. The goal's step is (goal epoch - the epoch's time
+outside the steps) / steps an epoch; each phase's goal scales the time it added (where the
+result has it, else its work) by goal step / measured step. Explained in
 docs/step-budget.md.
 """
 
@@ -111,14 +113,18 @@ def budget_rows(result: Mapping[str, Any], run: Mapping[str, Any], goal_epoch_s:
     models = {p.name: p for p in phase_models(config["depth"], config["width"], config["batch"], result["blocks"])}
     scale = budget.goal_step_us / budget.step_us
     rows = []
+    done_before = 0.0
     for phase in result["phases"]:
         model = models[phase["name"]]
+        added = None if phase.get("done_us") is None else round(phase["done_us"] - done_before, 2)
+        done_before = phase.get("done_us") or done_before
         rows.append({key: result.get(key, "") for key in ("date", "card", "commit", "caches")} | {
             "precision": config["precision"], "depth": config["depth"], "width": config["width"],
             "batch": config["batch"], "phase": model.name, "tiles": model.tiles, "chain": model.chain,
-            "l2_mb": round(model.l2_bytes / 1e6, 1), "work_us": phase["work_us"], "step_us": budget.step_us,
-            "epoch_s": round(budget.epoch_s, 5), "goal_epoch_s": goal_epoch_s,
-            "goal_step_us": round(budget.goal_step_us, 1), "phase_goal_us": round(phase["work_us"] * scale, 2),
+            "l2_mb": round(model.l2_bytes / 1e6, 1), "work_us": phase["work_us"], "added_us": "" if added is None
+            else added, "step_us": budget.step_us, "epoch_s": round(budget.epoch_s, 5), "goal_epoch_s": goal_epoch_s,
+            "goal_step_us": round(budget.goal_step_us, 1),
+            "phase_goal_us": round((phase["work_us"] if added is None else added) * scale, 2),
             "source": source, "note": note,
         })
     return budget, rows
@@ -161,8 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"step {budget.step_us:.1f} us, epoch {budget.epoch_s:.5f} s ({budget.steps} steps, "
           f"{budget.outside_s * 1e3:.2f} ms outside them); the goal {args.goal_epoch_s} s allows "
           f"{budget.goal_step_us:.1f} us a step")
-    print(tabulate([(r["phase"], r["tiles"], r["chain"], r["l2_mb"], r["work_us"], r["phase_goal_us"]) for r in rows],
-                   headers=["phase", "tiles", "chain", "L2 MB (model)", "work us", "goal us"]))
+    print(tabulate([(r["phase"], r["tiles"], r["chain"], r["l2_mb"], r["work_us"], r["added_us"], r["phase_goal_us"])
+                    for r in rows],
+                   headers=["phase", "tiles", "chain", "L2 MB (model)", "work us", "added us", "goal us"]))
     print(f"L2 read by the model: {sum(r['l2_mb'] for r in rows):.0f} MB a step")
     if args.rows is not None:
         print(f"appended {append_rows(args.rows, rows, KINDS['step-budget'])} row(s) to {args.rows}")
