@@ -82,7 +82,7 @@ def test_every_kind_opens_with_where_and_when_and_closes_with_its_source() -> No
         assert set(COMMON) <= set(kind.fields) and kind.fields[-2:] == ("source", "note"), kind.stem
         assert len(set(kind.fields)) == len(kind.fields)
     assert list(KINDS) == ["tier-times", "experiments", "loops", "kernel-cells", "step-phases", "step-budget",
-                           "serving", "data-parallel", "selftest", "gate-runs"]
+                           "step-builds", "serving", "data-parallel", "selftest", "gate-runs"]
 
 
 def filled(row: dict) -> None:

@@ -81,6 +81,10 @@ KINDS: dict[str, Kind] = {k.stem: k for k in (
          "step a goal allows (bench.tools.step_budget)",
          ("precision", "depth", "width", "batch", "phase", "tiles", "chain", "l2_mb", "work_us", "added_us", "step_us",
           "epoch_s", "goal_epoch_s", "goal_step_us", "phase_goal_us")),
+    Kind("step-builds", "the one-launch step as Triton builds it for sm_90 at the study shape, no GPU needed: "
+         "registers a thread, stack, spill stores and loads, SASS instructions (bench.tools.step_compile)",
+         ("precision", "blocks", "triton", "registers", "stack_bytes", "spill_stores", "spill_loads", "instructions",
+          "shared_bytes")),
     Kind("serving", "batch-1 latency, throughput and accuracy drop per case, compression variant and "
          "serving implementation",
          ("case", "variant", "impl", "latency_mode", "p50_us", "p99_us", "batch", "samples_per_s", "drop_pts",

@@ -2,12 +2,14 @@
 
     python -m bench.tools.step_compile --precision tf32
     python -m bench.tools.step_compile --precision tf32 --set m=32 --set split=2
+    python -m bench.tools.step_compile --precision tf32 --set tma=1 --rows docs/data/step-builds.csv
 
 Triton compiles kernels/ops/mlp_step.py's kernel at the study shape (3x512, batch 512, 132
 SMs) with blocks_for's tiles and any --set Blocks field, and prints what the build holds:
 registers a thread, the stack (spilled registers live there), spill stores and loads, and
-SASS instructions (from the bundled cuobjdump and nvdisasm). The interpreter that runs the
-CPU tests never calls Triton's compiler; this does (tests/test_mlp_step.py).
+SASS instructions (from the bundled cuobjdump and nvdisasm); --rows appends them as a row.
+The interpreter that runs the CPU tests never calls Triton's compiler; this does
+(tests/test_mlp_step.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.tools.rows import KINDS
+from bench.tools.rows import append_rows
+from bench.tools.rows import csv_problem
+from bench.tools.rows import measured_here
 from bench.tools.step_phases import blocks_changes
 from bench.tools.step_phases import parse_setting
 
@@ -87,7 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="tf32")
     parser.add_argument("--set", type=parse_setting, action="append", default=[], metavar="FIELD=VALUE",
                         help="a field of kernels/ops/mlp_step.py's Blocks (repeatable), e.g. split=2, warps=8")
+    parser.add_argument("--rows", type=Path, default=None, metavar="CSV",
+                        help="append the build's row to this CSV (docs/data/step-builds.csv)")
     args = parser.parse_args(argv)
+    if args.rows is not None and (problem := csv_problem(args.rows, KINDS["step-builds"])):
+        parser.error(f"--rows {args.rows}: {problem}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("TRITON_INTERPRET=1 replaces the compiler with the interpreter: unset it")
     from kernels.ops.mlp_step import Blocks
@@ -103,6 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"sm_90, 3x512, batch 512, {args.precision}, {settings}: "
           + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in found.items())
           + f", {kernel.metadata.shared} bytes of shared memory")
+    if args.rows is not None:
+        import triton
+
+        command = " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)])
+        row = {**measured_here("sm_90 build (no GPU)", "n/a"), "precision": args.precision, "blocks": settings,
+               "triton": triton.__version__, **found, "shared_bytes": kernel.metadata.shared, "source": command,
+               "note": "3x512, batch 512, 132 SMs"}
+        print(f"appended {append_rows(args.rows, [row], KINDS['step-builds'])} row(s) to {args.rows}")
     return 0
 
 

@@ -9,7 +9,8 @@ At TF32 and bf16 the backward tiles read transposed copies of W, A and G (bf16 a
 with 64-column tiles every hidden product runs transposed (Hopper's wgmma). Each dW tile
 is reduced by one program in order: a step is deterministic and its bits do not depend
 on P. Parameters, gradients and state are a FlatOptimizer's, so either route continues
-the other's run. Under the interpreter P = 1 and every wait passes at once, so CPU tests
+the other's run. Blocks.split and Blocks.tma are options (docs/step-budget.md).
+Under the interpreter P = 1 and every wait passes at once, so CPU tests
 run this code; a wait that polls too long sets a flag `check` raises on, rather than
 hang the device. The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the
 default) where it was measured faster. The math, phases, timings: docs/fused-step.md.
@@ -263,6 +264,31 @@ def _store_t(t_ptr, tile, offs_m, offs_c, M, M16, M_PAD, C):
 
 
 @triton.jit
+def _descriptors(a_ptr, a_rows, a_cols, A_BLOCK_R: tl.constexpr, A_BLOCK_C: tl.constexpr, a_stride,
+                 b_ptr, b_rows, b_cols, B_BLOCK_R: tl.constexpr, B_BLOCK_C: tl.constexpr, b_stride, TMA: tl.constexpr):
+    """With TMA, tensor-memory descriptors of two row-major operands (rows x cols, `stride`
+    elements apart, read in blocks of BLOCK_R x BLOCK_C, zero outside): a tile's loads
+    are then one instruction each, not per-element addresses. Else (None, None)."""
+    if TMA:
+        return (tl.make_tensor_descriptor(a_ptr, shape=[a_rows, a_cols], strides=[a_stride, 1],
+                                          block_shape=[A_BLOCK_R, A_BLOCK_C]),
+                tl.make_tensor_descriptor(b_ptr, shape=[b_rows, b_cols], strides=[b_stride, 1],
+                                          block_shape=[B_BLOCK_R, B_BLOCK_C]))
+    else:
+        return None, None
+
+
+@triton.jit
+def _async_reads(TMA: tl.constexpr):
+    """With TMA, order the tensor-memory loads that follow (the async proxy) after the
+    writes a wait just acquired and this program's own (the generic proxy)."""
+    if TMA:
+        if not _INTERPRETED:
+            tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, $1;", "=r,r",
+                                      [tl.full((1,), 0, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _finish(acc, at, mask, s, pair_ptr, flag_ptr, SPLIT: tl.constexpr, SPIN: tl.constexpr):
     """A tile whose reduction is split over SPLIT (1 or 2) parts, each its own work item:
     part 0 stores its sum at `at` (where the tile's result goes) and counts it at
@@ -285,8 +311,8 @@ def _finish(acc, at, mask, s, pair_ptr, flag_ptr, SPLIT: tl.constexpr, SPIN: tl.
 @triton.jit
 def _forward_tile(
     t, x_ptr, idx_ptr, a_ptr, w_ptr, b_ptr, out_ptr, z_ptr, a_t_ptr, out_t_ptr, w_t_ptr, M, M16, M_PAD, N, K, F,
-    F_PAD, W_MAX, slope, lo, hi, s, pair_ptr, flag_ptr, times_ptr, stamp, TIMING: tl.constexpr, L: tl.constexpr,
-    GATHER: tl.constexpr, SAVE_Z: tl.constexpr,
+    F_PAD, W_MAX, slope, lo, hi, s, pair_ptr, flag_ptr, times_ptr, stamp, a_desc, w_desc, TMA: tl.constexpr,
+    TIMING: tl.constexpr, L: tl.constexpr, GATHER: tl.constexpr, SAVE_Z: tl.constexpr,
     ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     COPIES: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr, SPIN: tl.constexpr,
 ):
@@ -297,7 +323,8 @@ def _forward_tile(
     a_t_ptr), and with COPIES & 1 and no GATHER its share of W_i transposed (w_t_ptr),
     for the backward tiles (see _input_grad_tile, _weight_tile). EVEN (not with GATHER):
     the product's loads go unmasked (see _step_kernel). SWAP: see _mma. The tile reduces
-    K's part [lo, hi), part s of SPLIT (see _finish)."""
+    K's part [lo, hi), part s of SPLIT (see _finish). TMA (not with GATHER): A_i and W_i
+    through the descriptors a_desc and w_desc (_descriptors)."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     row_block = t // tiles_n
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -306,7 +333,10 @@ def _forward_tile(
     rows = _rows_of(x_ptr, idx_ptr, offs_m, M, F, GATHER, a_ptr, W_MAX)
     acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
     for k0 in range(lo, hi, BLOCK_K):
-        a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER, EVEN)
+        if TMA:
+            a = a_desc.load([tl.cast(row_block * BLOCK_M, tl.int32), tl.cast(k0, tl.int32)])
+        else:
+            a = _load_a(rows, k0 + offs_k, offs_m, M, K, GATHER, EVEN)
         if GATHER:
             if t % tiles_n == 0:
                 rows_x = a
@@ -324,7 +354,9 @@ def _forward_tile(
                     tl.store(a_t_ptr + (k0 + offs_k)[None, :].to(tl.int64) * M_PAD + offs_m[:, None],
                              rows_x.to(a_t_ptr.dtype.element_ty),
                              mask=(offs_m[:, None] < M16) & ((k0 + offs_k)[None, :] < F_PAD))
-        if EVEN:
+        if TMA:
+            w = tl.trans(w_desc.load([tl.cast((t % tiles_n) * BLOCK_N, tl.int32), tl.cast(k0, tl.int32)]))
+        elif EVEN:
             w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None])
         else:
             w = tl.load(w_ptr + offs_n[None, :] * K + (k0 + offs_k)[:, None],
@@ -409,15 +441,16 @@ def _head_tile(
 @triton.jit
 def _input_grad_tile(
     t, g_ptr, saved_ptr, w_ptr, w_t_ptr, g_prev_ptr, g_prev_t_ptr, M, M16, M_PAD, N, K, W_MAX, slope, one, lo, hi, s,
-    pair_ptr, flag_ptr, ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, COPIES: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr,
-    SPIN: tl.constexpr,
+    pair_ptr, flag_ptr, g_desc, w_desc, ACTIVATION: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COPIES: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr,
+    SPLIT: tl.constexpr, SPIN: tl.constexpr, TMA: tl.constexpr,
 ):
     """Tile t of G_{i-1} = (G_i @ W_i) * act'(.): (M, K) out, reduced over W_i's N rows.
     With COPIES & 1, W_i comes from its transposed copy (N contiguous, so the MMA's operand
     loads whole from shared memory); with COPIES & 2, G_{i-1} also goes out transposed.
     EVEN: the product's loads go unmasked (see _step_kernel). SWAP: see _mma. The tile
-    reduces N's part [lo, hi), part s of SPLIT (see _finish)."""
+    reduces N's part [lo, hi), part s of SPLIT (see _finish). TMA: G_i and W_i (or its
+    copy) through the descriptors g_desc and w_desc (_descriptors)."""
     tiles_k = tl.cdiv(K, BLOCK_N)
     offs_m = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = (t % tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -425,9 +458,17 @@ def _input_grad_tile(
     rows = g_ptr + offs_m.to(tl.int64) * W_MAX
     acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
     for n0 in range(lo, hi, BLOCK_K):
-        g = _load_a(rows, n0 + offs_r, offs_m, M, N, False, EVEN)
+        if TMA:
+            g = g_desc.load([tl.cast((t // tiles_k) * BLOCK_M, tl.int32), tl.cast(n0, tl.int32)])
+        else:
+            g = _load_a(rows, n0 + offs_r, offs_m, M, N, False, EVEN)
         w_mask = ((n0 + offs_r)[:, None] < N) & (offs_k[None, :] < K)
-        if COPIES & 1:
+        if TMA:
+            if COPIES & 1:  # W_i^T's rows are W_i's columns: a (BLOCK_N, BLOCK_K) block, transposed
+                w = tl.trans(w_desc.load([tl.cast((t % tiles_k) * BLOCK_N, tl.int32), tl.cast(n0, tl.int32)]))
+            else:
+                w = w_desc.load([tl.cast(n0, tl.int32), tl.cast((t % tiles_k) * BLOCK_N, tl.int32)])
+        elif COPIES & 1:
             w_t = w_t_ptr + offs_k[None, :].to(tl.int64) * W_MAX + (n0 + offs_r)[:, None]
             if EVEN:
                 w = tl.load(w_t, cache_modifier=".cg")
@@ -479,11 +520,13 @@ def _update(
 @triton.jit
 def _weight_operands(
     g_ptr, a_ptr, g_t_ptr, a_t_ptr, offs_b, offs_n, offs_k, rows, N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES: tl.constexpr,
-    BATCH_MASK: tl.constexpr, SWAP: tl.constexpr,
+    BATCH_MASK: tl.constexpr, SWAP: tl.constexpr, gt_desc, at_desc, first_n, first_k, m0, TMA: tl.constexpr,
 ):
     """G_i.T's (offs_n, offs_b) and A_i's (offs_b, offs_k) tiles for dW_i, from the
     transposed copies with COPIES & 2; zero past N_LOAD and K_LOAD, and with BATCH_MASK
-    past `rows` of the batch; and G_i.T's tile again for db's sum (with SWAP its own load)."""
+    past `rows` of the batch; and G_i.T's tile again for db's sum (with SWAP or TMA its own
+    load). TMA (with COPIES & 2): the two products' tiles through the copies' descriptors,
+    blocks at (first_n, m0) and (first_k, m0)."""
     if COPIES & 2:
         g_at = g_t_ptr + offs_n[:, None].to(tl.int64) * M_PAD + offs_b[None, :]
         a_at = a_t_ptr + offs_k[None, :].to(tl.int64) * M_PAD + offs_b[:, None]
@@ -495,9 +538,13 @@ def _weight_operands(
     if BATCH_MASK:
         g_mask = g_mask & (offs_b[None, :] < rows)
         a_mask = a_mask & (offs_b[:, None] < rows)
-    gt = tl.load(g_at, mask=g_mask, other=0.0, cache_modifier=".cg")
-    a = tl.load(a_at, mask=a_mask, other=0.0, cache_modifier=".cg")
-    if SWAP:  # db's rows loaded apart from the swapped MMA's operand (see _forward_tile)
+    if TMA:
+        gt = gt_desc.load([tl.cast(first_n, tl.int32), tl.cast(m0, tl.int32)])
+        a = tl.trans(at_desc.load([tl.cast(first_k, tl.int32), tl.cast(m0, tl.int32)]))
+    else:
+        gt = tl.load(g_at, mask=g_mask, other=0.0, cache_modifier=".cg")
+        a = tl.load(a_at, mask=a_mask, other=0.0, cache_modifier=".cg")
+    if SWAP or TMA:  # db's rows loaded apart from the swapped MMA's operand (see _forward_tile)
         g_rows = tl.load(g_at, mask=g_mask, other=0.0, cache_modifier=".cv")
     else:
         g_rows = gt
@@ -507,7 +554,8 @@ def _weight_operands(
 @triton.jit
 def _weight_tile(
     t, a_ptr, g_ptr, a_t_ptr, g_t_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, w_off, b_off, M, M16, M_PAD, N, N_LOAD, K,
-    K_LOAD, W_MAX, step, ready_ptr, ready, flag_ptr, lo, hi, s, pair_ptr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+    K_LOAD, W_MAX, step, ready_ptr, ready, flag_ptr, lo, hi, s, pair_ptr, gt_desc, at_desc, TMA: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr,
     BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr, SPIN: tl.constexpr, SPLIT: tl.constexpr,
     ALGORITHM: tl.constexpr, LR: tl.constexpr, WEIGHT_DECAY: tl.constexpr, EPS: tl.constexpr, BETA1: tl.constexpr,
@@ -545,12 +593,14 @@ def _weight_tile(
         whole = lo
     for m0 in range(lo, whole, BLOCK_K):
         gt, a, g_rows = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows,
-                                         N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, False, SWAP)
+                                         N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, False, SWAP, gt_desc, at_desc,
+                                         _first_row(t, tiles_k, BLOCK_M), (t % tiles_k) * BLOCK_N, m0, TMA)
         acc = _mma(gt, a, acc, DOT, SWAP)
         gsum += g_rows
     for m0 in tl.range(whole, hi, BLOCK_K, num_stages=1 if BATCH_TAIL else None):
         gt, a, g_rows = _weight_operands(g_ptr, a_ptr, g_t_ptr, a_t_ptr, m0 + offs_r, offs_n, offs_k, batch_rows,
-                                         N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, True, SWAP)
+                                         N_LOAD, K_LOAD, M_PAD, W_MAX, COPIES, True, SWAP, gt_desc, at_desc,
+                                         _first_row(t, tiles_k, BLOCK_M), (t % tiles_k) * BLOCK_N, m0, TMA)
         acc = _mma(gt, a, acc, DOT, SWAP)
         gsum += g_rows
     db = tl.sum(gsum, axis=1)
@@ -614,9 +664,8 @@ def _step_kernel(
     x_ptr, y_ptr, idx_ptr, p_ptr, grad_ptr, s1_ptr, s2_ptr, step_ptr, n_steps, layout_ptr,
     act_ptr, z_ptr, g_ptr, act_t_ptr, g_t_ptr, w_t_ptr, part_ptr, total_ptr, loss_ptr, bar_ptr, flag_ptr, sync_ptr,
     M, M16, F, F_PAD, C, M_MAX, M_PAD, W_MAX, inv_m, slope, one, PAIR_T,
-    L: tl.constexpr, SPLIT: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr, BALANCE: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    SAVE_Z: tl.constexpr,
+    L: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr, COPIES: tl.constexpr, FLAGS: tl.constexpr,
+    BALANCE: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
     DOT: tl.constexpr, ALIGNED: tl.constexpr, EVEN: tl.constexpr, BATCH_TAIL: tl.constexpr, SWAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORWARD_K: tl.constexpr, CHUNK: tl.constexpr,
     HEAD_M: tl.constexpr, HEAD_K: tl.constexpr, BLOCK_C: tl.constexpr, PARTS: tl.constexpr,
@@ -643,7 +692,9 @@ def _step_kernel(
     in the step's order, so the lowest unfinished tile can always run. SPLIT (1 or 2): each
     hidden tile (forward, input-gradient, weight) is SPLIT work items, each reducing a part
     of its reduction (_part, _finish); the last part, later in the step's order, waits for
-    the others at a counter of its own (PAIR_T per phase), so the same argument holds."""
+    the others at a counter of its own (PAIR_T per phase), so the same argument holds.
+    TMA: the hidden layers' forward (past layer 0) and input-gradient products load their
+    operands through tensor-memory descriptors made once a layer (_descriptors)."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     plane = M_MAX * W_MAX
@@ -674,7 +725,8 @@ def _step_kernel(
         lo, hi = _part(K, s, SPLIT, FORWARD_K)
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
                       act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
-                      lo, hi, s, pairs + t, flag_ptr, times_ptr, 20, TIMING, L, True, SAVE_Z, ACTIVATION, DOT,
+                      lo, hi, s, pairs + t, flag_ptr, times_ptr, 20, None, None, False, TIMING, L, True, SAVE_Z,
+                      ACTIVATION, DOT,
                       BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False, SWAP & 1, SPLIT, SPIN)
         _inner(times_ptr, 21, TIMING, L)  # the tile's end
         if FLAGS:
@@ -685,6 +737,8 @@ def _step_kernel(
     base += R * tl.cdiv(N, BLOCK_N) * SPLIT
     for i in range(1, L - 1):
         w_off, b_off, N, K = _layer(layout_ptr, i, ALIGNED, ALIGNED)
+        a_desc, w_desc = _descriptors(act_ptr + i * plane, M, K, BLOCK_M, FORWARD_K, W_MAX,
+                                      p_ptr + w_off, N, K, BLOCK_N, FORWARD_K, K, TMA)
         for item in range(_first(pid, P, base, BALANCE), R * tl.cdiv(N, BLOCK_N) * SPLIT, P):
             t, s = item // SPLIT, item % SPLIT
             if FLAGS:  # row block r of A_i: the previous layer's tiles of those rows
@@ -692,11 +746,13 @@ def _step_kernel(
             if i == 1:
                 _inner(times_ptr, 23, TIMING, L)  # F_1's wait's end
             lo, hi = _part(K, s, SPLIT, FORWARD_K)
+            _async_reads(TMA)
             _forward_tile(t, x_ptr, idx_ptr, act_ptr + i * plane, p_ptr + w_off, p_ptr + b_off,
                           act_ptr + (i + 1) * plane, z_ptr + (i + 1) * plane, act_t_ptr + i * plane_t,
                           act_t_ptr + (i + 1) * plane_t, w_t_ptr + i * plane_w, M, M16, M_PAD, N, K, F, F_PAD,
                           W_MAX, slope, lo, hi, s, pairs + i * PAIR_T + t, flag_ptr, times_ptr, 23 + tl.minimum(i, 2),
-                          TIMING, L, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, EVEN,
+                          a_desc, w_desc, TMA, TIMING, L, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K,
+                          COPIES, EVEN,
                           SWAP & 1, SPLIT, SPIN)
             if i == 1:
                 _inner(times_ptr, 26, TIMING, L)  # F_1's tile's end
@@ -729,12 +785,23 @@ def _step_kernel(
     # loop, so every phase runs the same copy of the tile code. Layer 0's K (the input
     # features) has no known alignment: its weight tiles are a second copy, unhinted.
     w0_off, b0_off, N0, K0 = _layer(layout_ptr, 0, ALIGNED, False)
+    g0_desc, x_desc = _descriptors(g_t_ptr, N0, M16, BLOCK_M, BLOCK_K, M_PAD, act_t_ptr, F_PAD, M16, BLOCK_N, BLOCK_K,
+                                   M_PAD, TMA and COPIES & 2)
     for j in range(0, L - 1):
         k = L - 2 - j
         u = k + 1
         w_off, _, N, K = _layer(layout_ptr, tl.maximum(k, 1), ALIGNED and L > 2, ALIGNED and L > 2)
+        if COPIES & 1:  # G_k, and W_k's copy (K x N) or W_k (N x K)
+            g_desc, wk_desc = _descriptors(g_ptr + tl.maximum(k, 1) * plane, M, N, BLOCK_M, BLOCK_K, W_MAX,
+                                           w_t_ptr + tl.maximum(k, 1) * plane_w, K, N, BLOCK_N, BLOCK_K, W_MAX, TMA)
+        else:
+            g_desc, wk_desc = _descriptors(g_ptr + tl.maximum(k, 1) * plane, M, N, BLOCK_M, BLOCK_K, W_MAX,
+                                           p_ptr + w_off, N, K, BLOCK_K, BLOCK_N, K, TMA)
         data_tiles = tl.where(k > 0, R * tl.cdiv(K, BLOCK_N), 0)
         wu_off, bu_off, Nu, Ku = _layer(layout_ptr, u, False, ALIGNED)
+        # dW_u's copies of G_u and A_u (COPIES & 2), read to Nu's next 16 and M16
+        gu_desc, au_desc = _descriptors(g_t_ptr + u * plane_t, (Nu + 15) // 16 * 16, M16, BLOCK_M, BLOCK_K, M_PAD,
+                                        act_t_ptr + u * plane_t, Ku, M16, BLOCK_N, BLOCK_K, M_PAD, TMA and COPIES & 2)
         # G_u is read up to the next multiple of 16 columns (the head's 10 too), so the
         # loads stay 16 bytes: those columns are inside a row (W_MAX >= BLOCK_C) and
         # only feed rows of dW past N, which are never stored.
@@ -774,10 +841,11 @@ def _step_kernel(
                     if COPIES & 1:  # W_k's copy, written by all of F_k's tiles
                         _wait(done_f + k, R * tl.cdiv(N, BLOCK_N), flag_ptr, SPIN)
                 n_lo, n_hi = _part(N, s, SPLIT, BLOCK_K)  # names of their own: N is int64, M int32
+                _async_reads(TMA)
                 _input_grad_tile(t, g_ptr + k * plane, saved + k * plane, p_ptr + w_off, w_t_ptr + k * plane_w,
                                  g_ptr + (k - 1) * plane, g_t_ptr + (k - 1) * plane_t, M, M16, M_PAD, N, K, W_MAX,
-                                 slope, one, n_lo, n_hi, s, pairs + (L + k) * PAIR_T + t, flag_ptr, ACTIVATION, DOT,
-                                 BLOCK_M, BLOCK_N, BLOCK_K, COPIES, EVEN, SWAP & 2, SPLIT, SPIN)
+                                 slope, one, n_lo, n_hi, s, pairs + (L + k) * PAIR_T + t, flag_ptr, g_desc, wk_desc,
+                                 ACTIVATION, DOT, BLOCK_M, BLOCK_N, BLOCK_K, COPIES, EVEN, SWAP & 2, SPLIT, SPIN, TMA)
                 if FLAGS:
                     if s == SPLIT - 1:
                         _signal(rows_g + (k - 1) * rb + r, done_g + k - 1, True)
@@ -786,10 +854,11 @@ def _step_kernel(
                 if FLAGS:  # G_u whole; the update then waits for G_{u-1} (W_u's last reads)
                     _wait(all_u, all_u_count, flag_ptr, SPIN)
                 m_lo, m_hi = _part(M, s, SPLIT, BLOCK_K)
+                _async_reads(TMA and COPIES & 2)
                 _weight_tile(t, act_ptr + u * plane, g_ptr + u * plane, act_t_ptr + u * plane_t,
                              g_t_ptr + u * plane_t, p_ptr, grad_ptr, s1_ptr, s2_ptr, wu_off, bu_off,
                              M, M16, M_PAD, Nu, Nu_load, Ku, Ku, W_MAX, step, all_k, all_k_count, flag_ptr,
-                             m_lo, m_hi, s, pairs + (2 * L + u) * PAIR_T + t,
+                             m_lo, m_hi, s, pairs + (2 * L + u) * PAIR_T + t, gu_desc, au_desc, TMA and COPIES & 2,
                              DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SWAP & 4, SPIN, SPLIT,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
@@ -798,9 +867,11 @@ def _step_kernel(
                 if FLAGS:  # G_0 whole; W_0's last reads were F_0's, so its update waits for nothing more
                     _wait(all_k, all_k_count, flag_ptr, SPIN)
                 m_lo, m_hi = _part(M, s, SPLIT, BLOCK_K)
+                _async_reads(TMA and COPIES & 2)
                 _weight_tile(t, act_ptr, g_ptr, act_t_ptr, g_t_ptr,  # X's copy, from F_0
                              p_ptr, grad_ptr, s1_ptr, s2_ptr, w0_off, b0_off, M, M16, M_PAD, N0, N0, K0, F_PAD, W_MAX,
-                             step, all_k, 0, flag_ptr, m_lo, m_hi, s, pairs + 2 * L * PAIR_T + t,
+                             step, all_k, 0, flag_ptr, m_lo, m_hi, s, pairs + 2 * L * PAIR_T + t, g0_desc, x_desc,
+                             TMA and COPIES & 2,
                              DOT, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK, COPIES, FLAGS, BATCH_TAIL, SWAP & 4, SPIN, SPLIT,
                              ALGORITHM, LR, WEIGHT_DECAY, EPS, BETA1, BETA2, LOG2_BETA1, LOG2_BETA2, MOMENTUM,
                              LR_DECAY, ALPHA)
@@ -850,6 +921,7 @@ class Blocks:
     swap: int = 0  # bits: the forward (1), input-gradient (2), weight (4) tiles' products run transposed (_mma)
     balance: bool = False  # the step's tiles dealt to the programs as one sequence, not phase by phase
     split: int = 1  # 1 or 2: each hidden tile's reduction over this many work items, summed in a fixed order
+    tma: bool = False  # the hidden forward and input-gradient products load through tensor-memory descriptors
 
     @property
     def chunk(self) -> int:
@@ -896,6 +968,12 @@ def blocks_for(
     balance = flags and (precision != "fp32" or width != 256)  # 2% slower there, 3-13% faster elsewhere
     return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward, swap=swap,
                   balance=balance)
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global scratch for the kernel's tensor-memory descriptors (triton.set_allocator):
+    from torch's allocator, so a CUDA graph's capture keeps it for its replays."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def whole_tiles(rows: int, hidden: list[int], blocks: Blocks) -> bool:
@@ -1024,6 +1102,11 @@ class FusedStep:
                                device=self.device)
         if blocks.split not in (1, 2):
             raise ValueError(f"FusedStep: Blocks.split={blocks.split}; a tile's reduction splits in 1 or 2 parts")
+        if blocks.tma and not self.aligned:
+            raise ValueError("FusedStep: Blocks.tma needs hidden widths in multiples of 16 (a descriptor's rows "
+                             f"are 16-byte aligned); these are {self.widths[:-1]}")
+        if blocks.tma and not INTERPRETER:  # descriptors made in the kernel live in scratch Triton asks for
+            triton.set_allocator(_scratch)
         self.pair_tiles = pair_tiles(self.rows, self.w_max, blocks)
         self.sync = torch.zeros(sync_counters(self.L, self.rows, blocks.m, self.pair_tiles), dtype=torch.int64,
                                 device=self.device)
@@ -1060,7 +1143,8 @@ class FusedStep:
             self.w_max, 1.0 / m, LEAKY_SLOPE, 1.0, self.pair_tiles,
         ]
         kwargs = dict(
-            L=self.L, SPLIT=b.split, COPIES=b.copies, FLAGS=b.flags, BALANCE=b.balance, ACTIVATION=self.activation,
+            L=self.L, SPLIT=b.split, TMA=b.tma, COPIES=b.copies, FLAGS=b.flags, BALANCE=b.balance,
+            ACTIVATION=self.activation,
             SAVE_Z=self.save_z, DOT=self.dot,
             ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
             BATCH_TAIL=self.unmasked, SWAP=b.swap,
