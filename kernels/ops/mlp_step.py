@@ -9,10 +9,9 @@ At TF32 and bf16 the backward tiles read transposed copies of W, A and G (bf16 a
 with 64-column tiles every hidden product runs transposed (Hopper's wgmma). Each dW tile
 is reduced by one program in order: a step is deterministic and its bits do not depend
 on P. Parameters, gradients and state are a FlatOptimizer's, so either route continues
-the other's run. Blocks.split and Blocks.tma are options (docs/step-budget.md).
-Under the interpreter P = 1 and every wait passes at once, so CPU tests
+the other's run. Under the interpreter P = 1 and every wait passes at once, so CPU tests
 run this code; a wait that polls too long sets a flag `check` raises on, rather than
-hang the device. The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the
+hang the device. Options: Blocks.split, Blocks.tma (docs/step-budget.md). The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the
 default) where it was measured faster. The math, phases, timings: docs/fused-step.md.
 """
 
