@@ -12,8 +12,7 @@ on P. Parameters, gradients and state are a FlatOptimizer's, so either route con
 the other's run. Under the interpreter P = 1 and every wait passes at once, so CPU tests
 run this code; a wait that polls too long sets a flag `check` raises on, rather than
 hang the device. The trainer takes this route under LOADBENCH_FUSED_STEP=auto (the
-default) where it was measured faster. The math, phases, timings: docs/fused-step.md;
-options measured or not yet (Blocks.split, Blocks.tma): docs/step-budget.md.
+default) where it was measured faster. Docs: fused-step.md, step-budget.md (the options).
 """
 
 from __future__ import annotations
