@@ -72,12 +72,17 @@ def parse_epochs(value: str) -> int:
     return epochs
 
 
-def parse_seconds(value: str) -> float:
-    """A finite number of seconds above 0 (a timeout: --timeout, --stop-after)."""
+def _seconds(value: str) -> float:
+    """`value` as a float, or the usage error that it is not a number of seconds."""
     try:
-        seconds = float(value)
+        return float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+
+
+def parse_seconds(value: str) -> float:
+    """A finite number of seconds above 0 (a timeout: --timeout, --stop-after)."""
+    seconds = _seconds(value)
     if not (math.isfinite(seconds) and seconds > 0):
         raise argparse.ArgumentTypeError(f"{value!r}: the timeout must be a positive number of seconds")
     return seconds
@@ -85,10 +90,7 @@ def parse_seconds(value: str) -> float:
 
 def parse_period(value: str) -> float:
     """The load monitor's sampling period: seconds between 0.001 and 60."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    seconds = _seconds(value)
     if not 0.001 <= seconds <= 60:
         raise argparse.ArgumentTypeError(f"{value!r}: the monitor period must be between 0.001 and 60 s")
     return seconds
