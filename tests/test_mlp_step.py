@@ -689,78 +689,25 @@ def test_a_split_step_matches_float64_and_leaves_its_counters_zero(width, depth,
                                       ["--precision", "tf32", "--set", "tma=1"],
                                       ["--precision", "bf16", "--set", "tma=1"]],
                          ids=["fp32", "tf32", "bf16", "tf32-split", "tf32-tma", "bf16-tma"])
-def test_the_step_compiles_for_hopper_without_a_gpu(settings) -> None:
+def test_the_step_compiles_for_hopper_without_a_gpu(settings, tmp_path) -> None:
     """The interpreter runs the kernel's Python, not Triton's compiler: a kernel only the
     compiler refuses (a value of two types on two branches, once) passed every CPU test.
     bench.tools.step_compile builds it for sm_90 here, in a process without the
-    interpreter, and fails where the GPU's build would."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    done = subprocess.run([sys.executable, "-m", "bench.tools.step_compile", *settings], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert re.search(r"sm_90, 3x512, batch 512, \w+, .*: \d+ registers, \d+ stack bytes, \d+ spill stores", done.stdout)
-
-
-def test_the_compile_tool_writes_its_row(tmp_path) -> None:
-    """--rows: the build's registers, spills and instructions as a step-builds row."""
+    interpreter, and fails where the GPU's build would; --rows writes the build's row."""
     from bench.tools.rows import KINDS
     from bench.tools.rows import read_rows
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     csv_path = tmp_path / "step-builds.csv"
-    done = subprocess.run([sys.executable, "-m", "bench.tools.step_compile", "--precision", "bf16", "--rows",
-                           str(csv_path)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "bench.tools.step_compile", *settings, "--rows", str(csv_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"sm_90, 3x512, batch 512, \w+, .*: \d+ registers, \d+ stack bytes, \d+ spill stores", done.stdout)
     header, (row,) = read_rows(csv_path)
     assert header == KINDS["step-builds"].fields
-    assert row["card"] == "sm_90 build (no GPU)" and row["blocks"] == "blocks_for" and int(row["registers"]) > 0
-
-
-@interpreter
-@pytest.mark.parametrize(("width", "depth", "batch", "block_m", "precision"), [
-    (48, 3, 40, 16, "tf32"),    # partial tiles: the descriptors' zero fill stands in for the masks
-    (32, 2, 40, 32, "bf16"),    # two head row blocks to a row block; bf16 copies
-], ids=["3x48-tf32", "2x32-tall-rows-bf16"])
-def test_tensor_memory_loads_give_the_pointer_loads_bits(width, depth, batch, block_m, precision) -> None:
-    """Blocks.tma: the hidden products' operands through tensor descriptors, with and
-    without the transposed copies, over launches of different batch sizes, end on the bits
-    of the per-element loads; scratch left NaN shows no read past the batch."""
-    for copies in (0, 3):
-        results = []
-        for tma in (False, True):
-            x, y, (model, _), (optim, _), _ = problem(width, depth, "tanh", "adam", rows=200)
-            step = fused(x, y, model, optim, "tanh", batch, precision)
-            step.use_blocks(dataclasses.replace(step.blocks, m=block_m, head_m=16, copies=copies, tma=tma))
-            for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):
-                scratch.fill_(float("nan"))
-            total = torch.zeros((), device=DEVICE)
-            for launch, rows in enumerate((batch, batch - 3, batch)):
-                step(torch.arange(launch * batch, launch * batch + rows, device=DEVICE), total)
-                assert not step.sync.any()
-            step.check()
-            results.append((optim.flat.detach().clone(), total.clone()))
-        assert torch.isfinite(results[1][0]).all()
-        assert all(torch.equal(a, b) for a, b in zip(results[0], results[1])), copies
-
-
-def test_tensor_memory_loads_need_widths_in_sixteens() -> None:
-    x, y, (model, _), (optim, _), _ = problem(40, 2, "tanh", "adam", rows=100)
-    step = fused(x, y, model, optim, "tanh", 40)
-    with pytest.raises(ValueError, match=r"Blocks.tma needs hidden widths in multiples of 16 .*\[40, 40\]"):
-        step.use_blocks(dataclasses.replace(step.blocks, tma=True))
-
-
-@gpu
-@pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (512, 3, 512, "fp32")],
-                         ids=["3x512-tf32", "5x512-bf16", "3x512-fp32"])
-def test_tensor_memory_loads_give_the_same_bits_on_a_gpu(shape) -> None:
-    """Blocks.tma with every program running at once: 30 steps (some batches short) end on
-    the bits of the per-element loads, with counter waits (a descriptor load that raced
-    its producer, or read a stale line, would show)."""
-    (flat, total, _), (flat_tma, total_tma, _) = (thirty_steps(shape, tma=tma) for tma in (False, True))
-    assert torch.equal(flat, flat_tma) and torch.equal(total, total_tma)
+    assert row["card"] == "sm_90 build (no GPU)" and row["precision"] == settings[1] and int(row["registers"]) > 0
+    assert (row["blocks"] == "blocks_for") == ("--set" not in settings)
 
 
 def test_the_compile_tool_refuses_the_interpreter(monkeypatch, capsys) -> None:
