@@ -29,6 +29,7 @@ from bench.tools.rows import append_rows
 from bench.tools.rows import csv_problem
 from bench.tools.rows import measured_here
 from bench.tools.step_phases import blocks_changes
+from bench.tools.step_phases import study_step
 from bench.tools.step_phases import parse_setting
 
 SMS = 132  # an H100 or H200 SXM
@@ -42,14 +43,9 @@ def build(precision: str, changes: dict) -> object:
     from triton.compiler import ASTSource
 
     from kernels.ops import mlp_step
-    from kernels.ops.optim import FlatOptimizer
-    from model.mlp import MLP
-    from model.train import OPTIMIZERS
 
-    model = MLP(75, 512, 3, 10, "leaky_relu")
-    optimizer = FlatOptimizer(list(model.parameters()), "adam", **OPTIMIZERS["adam"][1])
     x, y = torch.zeros(600, 75), torch.zeros(600, dtype=torch.int64)
-    step = mlp_step.FusedStep(x, y, [*model.hidden, model.head], optimizer, "leaky_relu", precision, 512, sms=SMS)
+    step = study_step(x, y, 512, 3, precision, 512, sms=SMS)
     step.use_blocks(dataclasses.replace(step.blocks, **changes))
     args, kwargs = step._arguments(torch.arange(512), torch.zeros(()))
     pointers = {torch.float32: "*fp32", torch.int64: "*i64", torch.int32: "*i32", torch.bfloat16: "*bf16"}

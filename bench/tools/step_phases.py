@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
@@ -35,6 +36,11 @@ from bench.tools.rows import csv_problem
 from bench.tools.rows import measured_here
 from bench.tools.rows import phase_rows
 
+if TYPE_CHECKING:  # torch and the kernels load after the arguments are read
+    import torch
+
+    from kernels.ops.mlp_step import FusedStep
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -45,6 +51,20 @@ class Phase:
     # counter waits a program's work holds its waits (an idle program's phase spans the
     # wait for its first tile), so these steps, not the work, say what the phase added.
     done_us: float | None = None
+
+
+def study_step(x: torch.Tensor, y: torch.Tensor, width: int, depth: int, precision: str, batch: int,
+               sms: int | None = None) -> FusedStep:
+    """A FusedStep of the study's MLP (75 frames in, `depth` x `width` leaky_relu, 10
+    classes, Adam) on x, y, on their device; `sms`: see FusedStep."""
+    from kernels.ops import mlp_step
+    from kernels.ops.optim import FlatOptimizer
+    from model.mlp import MLP
+    from model.train import OPTIMIZERS
+
+    model = MLP(75, width, depth, 10, "leaky_relu").to(x.device)
+    optimizer = FlatOptimizer(list(model.parameters()), "adam", **OPTIMIZERS["adam"][1])
+    return mlp_step.FusedStep(x, y, [*model.hidden, model.head], optimizer, "leaky_relu", precision, batch, sms=sms)
 
 
 def phase_names(layers: int) -> list[str]:
@@ -174,18 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("python -m bench.tools.step_phases: needs a CUDA GPU (the phases are timed with %globaltimer)",
               file=sys.stderr)
         return 2
-    from kernels.ops import mlp_step
-    from kernels.ops.optim import FlatOptimizer
-    from model.mlp import MLP
-    from model.train import OPTIMIZERS
-
     torch.manual_seed(0)
     rows = 20 * args.batch
     x = torch.randn(rows, 75, device="cuda")
     y = torch.randint(0, 10, (rows,), device="cuda")
-    model = MLP(75, args.width, args.depth, 10, "leaky_relu").cuda()
-    optimizer = FlatOptimizer(list(model.parameters()), "adam", **OPTIMIZERS["adam"][1])
-    step = mlp_step.FusedStep(x, y, [*model.hidden, model.head], optimizer, "leaky_relu", args.precision, args.batch)
+    step = study_step(x, y, args.width, args.depth, args.precision, args.batch)
     if args.per_sm is not None:
         step.use_blocks(dataclasses.replace(step.blocks, per_sm=args.per_sm))
     if args.tiles is not None:
@@ -226,8 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.cuda.synchronize()
     step.check()
     stamps = step.times[:, :32].tolist()
-    table = phases(stamps, len(model.hidden) + 1)
-    inner = inner_spans(stamps, len(model.hidden) + 1)
+    table = phases(stamps, step.L)
+    inner = inner_spans(stamps, step.L)
     print(f"{torch.cuda.get_device_name()}: {args.depth}x{args.width}, batch {args.batch}, {args.precision}, "
           f"{step.grid} programs, {step.blocks}: {per_step_us:.1f} us per step "
           f"(a CUDA graph of {args.steps} steps, best of five replays)")
