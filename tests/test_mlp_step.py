@@ -710,6 +710,51 @@ def test_the_step_compiles_for_hopper_without_a_gpu(settings, tmp_path) -> None:
     assert (row["blocks"] == "blocks_for") == ("--set" not in settings)
 
 
+@interpreter
+@pytest.mark.parametrize(("width", "depth", "batch", "block_m", "precision"), [
+    (48, 3, 40, 16, "tf32"),    # partial tiles: the descriptors' zero fill stands in for the masks
+    (32, 2, 40, 32, "bf16"),    # two head row blocks to a row block; bf16 copies
+], ids=["3x48-tf32", "2x32-tall-rows-bf16"])
+def test_tensor_memory_loads_give_the_pointer_loads_bits(width, depth, batch, block_m, precision) -> None:
+    """Blocks.tma: the hidden products' operands through tensor descriptors, with and
+    without the transposed copies, over launches of different batch sizes, end on the bits
+    of the per-element loads; scratch left NaN shows no read past the batch."""
+    for copies in (0, 3):
+        results = []
+        for tma in (False, True):
+            x, y, (model, _), (optim, _), _ = problem(width, depth, "tanh", "adam", rows=200)
+            step = fused(x, y, model, optim, "tanh", batch, precision)
+            step.use_blocks(dataclasses.replace(step.blocks, m=block_m, head_m=16, copies=copies, tma=tma))
+            for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):
+                scratch.fill_(float("nan"))
+            total = torch.zeros((), device=DEVICE)
+            for launch, rows in enumerate((batch, batch - 3, batch)):
+                step(torch.arange(launch * batch, launch * batch + rows, device=DEVICE), total)
+                assert not step.sync.any()
+            step.check()
+            results.append((optim.flat.detach().clone(), total.clone()))
+        assert torch.isfinite(results[1][0]).all()
+        assert all(torch.equal(a, b) for a, b in zip(results[0], results[1])), copies
+
+
+def test_tensor_memory_loads_need_widths_in_sixteens() -> None:
+    x, y, (model, _), (optim, _), _ = problem(40, 2, "tanh", "adam", rows=100)
+    step = fused(x, y, model, optim, "tanh", 40)
+    with pytest.raises(ValueError, match=r"Blocks.tma needs hidden widths in multiples of 16 .*\[40, 40\]"):
+        step.use_blocks(dataclasses.replace(step.blocks, tma=True))
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (512, 3, 512, "fp32")],
+                         ids=["3x512-tf32", "5x512-bf16", "3x512-fp32"])
+def test_tensor_memory_loads_give_the_same_bits_on_a_gpu(shape) -> None:
+    """Blocks.tma with every program running at once: 30 steps (some batches short) end on
+    the bits of the per-element loads, with counter waits (a descriptor load that raced
+    its producer, or read a stale line, would show)."""
+    (flat, total, _), (flat_tma, total_tma, _) = (thirty_steps(shape, tma=tma) for tma in (False, True))
+    assert torch.equal(flat, flat_tma) and torch.equal(total, total_tma)
+
+
 def test_the_compile_tool_refuses_the_interpreter(monkeypatch, capsys) -> None:
     from bench.tools.step_compile import main
 
