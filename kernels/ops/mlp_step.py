@@ -267,14 +267,15 @@ def _descriptors(a_ptr, a_rows, a_cols, A_BLOCK_R: tl.constexpr, A_BLOCK_C: tl.c
                  b_ptr, b_rows, b_cols, B_BLOCK_R: tl.constexpr, B_BLOCK_C: tl.constexpr, b_stride, TMA: tl.constexpr):
     """With TMA, tensor-memory descriptors of two row-major operands (rows x cols, `stride`
     elements apart, read in blocks of BLOCK_R x BLOCK_C, zero outside): a tile's loads
-    are then one instruction each, not per-element addresses. Else (None, None)."""
+    are then one instruction each, not per-element addresses. Else the two pointers, which
+    the tiles then leave unread: Triton 3.6 cannot return None from a JIT function."""
     if TMA:
         return (tl.make_tensor_descriptor(a_ptr, shape=[a_rows, a_cols], strides=[a_stride, 1],
                                           block_shape=[A_BLOCK_R, A_BLOCK_C]),
                 tl.make_tensor_descriptor(b_ptr, shape=[b_rows, b_cols], strides=[b_stride, 1],
                                           block_shape=[B_BLOCK_R, B_BLOCK_C]))
     else:
-        return None, None
+        return a_ptr, b_ptr
 
 
 @triton.jit
