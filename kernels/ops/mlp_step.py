@@ -726,8 +726,7 @@ def _step_kernel(
         _forward_tile(t, x_ptr, idx_ptr, act_ptr, p_ptr + w_off, p_ptr + b_off, act_ptr + plane, z_ptr + plane,
                       act_t_ptr, act_t_ptr + plane_t, w_t_ptr, M, M16, M_PAD, N, K, F, F_PAD, W_MAX, slope,
                       lo, hi, s, pairs + t, flag_ptr, times_ptr, 20, None, None, False, TIMING, L, True, SAVE_Z,
-                      ACTIVATION, DOT,
-                      BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False, SWAP & 1, SPLIT, SPIN)
+                      ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K, COPIES, False, SWAP & 1, SPLIT, SPIN)
         _inner(times_ptr, 21, TIMING, L)  # the tile's end
         if FLAGS:
             if s == SPLIT - 1:
@@ -752,8 +751,7 @@ def _step_kernel(
                           act_t_ptr + (i + 1) * plane_t, w_t_ptr + i * plane_w, M, M16, M_PAD, N, K, F, F_PAD,
                           W_MAX, slope, lo, hi, s, pairs + i * PAIR_T + t, flag_ptr, times_ptr, 23 + tl.minimum(i, 2),
                           a_desc, w_desc, TMA, TIMING, L, False, SAVE_Z, ACTIVATION, DOT, BLOCK_M, BLOCK_N, FORWARD_K,
-                          COPIES, EVEN,
-                          SWAP & 1, SPLIT, SPIN)
+                          COPIES, EVEN, SWAP & 1, SPLIT, SPIN)
             if i == 1:
                 _inner(times_ptr, 26, TIMING, L)  # F_1's tile's end
             if FLAGS:
@@ -1145,8 +1143,7 @@ class FusedStep:
         ]
         kwargs = dict(
             L=self.L, SPLIT=b.split, TMA=b.tma, COPIES=b.copies, FLAGS=b.flags, BALANCE=b.balance,
-            ACTIVATION=self.activation,
-            SAVE_Z=self.save_z, DOT=self.dot,
+            ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
             ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
             BATCH_TAIL=self.unmasked, SWAP=b.swap,
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, FORWARD_K=b.k_forward or b.k, CHUNK=b.chunk, HEAD_M=b.head_m,
