@@ -428,6 +428,72 @@ def test_cublas_route_matches_torch(launches, activation) -> None:
     }
 
 
+PRESPLIT = LaunchConfig(16, 32, 16, 4, 3, backend="presplit")
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_CODES))
+@pytest.mark.parametrize("routes", [
+    {"fwd": PRESPLIT, "dw": PRESPLIT, "dx": PRESPLIT},
+    {"dw": PRESPLIT},
+    {"dx": PRESPLIT, "dw": CUBLAS},
+    {"dw": PRESPLIT, "dx": CUBLAS},
+], ids=["all", "dw", "dx-dw-cublas", "dw-dx-cublas"])
+def test_presplit_route_matches_torch(launches, activation, routes) -> None:
+    """The 3xTF32 products from pre-split operands (kernels/ops/presplit.py) as accurate
+    as torch's strict fp32; 70 x 40 x 36 leaves partial tiles and reduction steps on
+    every side of the three products (dX and dW launch their transposes), beside the
+    other routes' kernels sharing its dZ."""
+    torch.set_float32_matmul_precision("highest")
+    launches.reset_launch_state(mode="off", tables=table_for(routes, 70, 40, 36, activation))
+    check_against_float64(70, 40, 36, activation, torch.float32)
+    got = {e["kernel"]: e["route"] for e in launches.launch_report()}
+    for kernel, cfg in routes.items():
+        assert got[kernel] == cfg.describe(), (kernel, got)
+
+
+@pytest.mark.skipif(not CUDA, reason="the tensor cores' accumulation: the interpreter multiplies in fp32")
+def test_presplit_route_is_as_accurate_as_tf32x3_at_width_2048(launches) -> None:
+    """At K = 2048 the presplit route's error against float64 is at most twice the fused
+    kernel's (Triton's tf32x3): each reduction step's products summed on the tensor
+    cores from zero, not into the running sum, whose accumulation drops low bits."""
+    torch.set_float32_matmul_precision("highest")
+    x, w, b, dy = inputs(512, 2048, 2048, torch.float32)
+    exact = F.linear(x.double(), w.double(), b.double())
+    errors = {}
+    for route in ("triton", "presplit"):
+        cfg = LaunchConfig(64, 64, 32, 4, 3, backend=route)
+        launches.reset_launch_state(mode="off", tables=table_for({"fwd": cfg}, 512, 2048, 2048, "identity"))
+        with torch.no_grad():
+            y = linear_act(x, w, b, "identity")
+        errors[route] = (y.double() - exact).abs().max().item() / exact.abs().max().item()
+    assert errors["presplit"] <= 2 * errors["triton"], errors
+
+
+def test_presplit_parts_sum_to_the_operand() -> None:
+    """hi is x rounded to TF32 (ten mantissa bits, ties away from zero) and hi + lo is x
+    exactly, in the layout the product reads: a strided (transposed) input included."""
+    from kernels.ops import linear_act as op
+
+    x = torch.randn(70, 33, device=DEVICE).t()  # strides (1, 33)
+    x[0, :3] = torch.tensor([1 + 2**-11, 1 + 2**-11 + 2**-13, -(1 + 2**-11 + 2**-13)])
+    hi, lo = op._split(x, op._launch_traceable if not CUDA else op._launch_direct)
+    assert hi.is_contiguous() and torch.equal(hi + lo, x)
+    assert (hi.view(torch.int32) & 0x1FFF).eq(0).all()
+    assert hi[0, :3].tolist() == [1 + 2**-10, 1 + 2**-10, -(1 + 2**-10)]
+    assert (lo.abs() <= hi.abs() * 2**-11).all()
+
+
+def test_a_presplit_route_outside_strict_fp32_is_refused_with_the_key(launches) -> None:
+    """A table giving the presplit route to a 16-bit or TF32 key warns with the key and
+    falls back: its products are 3xTF32 of fp32 operands only."""
+    torch.set_float32_matmul_precision("high")
+    launches.reset_launch_state(mode="off", tables=table_for({"fwd": PRESPLIT}, 8, 40, 24, "relu"))
+    with pytest.warns(UserWarning, match="fwd:float32:tf32:.*presplit route is for float32 at tf32x3"):
+        check_against_float64(8, 40, 24, "relu", torch.float32, floor=2e-3)
+    got = {e["kernel"]: (e["source"], e["route"]) for e in launches.launch_report()}
+    assert got["fwd"] == ("heuristic", "triton")
+
+
 GEMV = LaunchConfig(1, 16, 16, 4, 1, backend="gemv")
 
 

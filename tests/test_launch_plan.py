@@ -51,6 +51,40 @@ def test_gemv_configs_are_checked() -> None:
         launch_plan.check_route("dx:float32:tf32x3:pointwise:16:512:512", LaunchConfig.from_dict(ok))
 
 
+def test_presplit_candidates_only_for_large_strict_fp32_layers() -> None:
+    """The presplit route is timed for fp32 at 'tf32x3' where a layer has at least
+    PRESPLIT_MIN_WORK multiply-adds (widths 1024 and up at batch 512), before cuBLAS."""
+    wide = launch_plan.tuning_candidates("dx", 512, 2048, 2048, torch.float32, 132, precision="tf32x3")
+    presplit = [c for c in wide if c.backend == "presplit"]
+    assert len(presplit) == len(launch_plan.PRESPLIT_TILES) and wide[-1].backend == "cublas"
+    assert all(c.split_k == 1 for c in presplit)
+    for kernel, shape, dtype, precision in (
+        ("dx", (512, 2048, 2048), torch.float32, "tf32"),  # TF32 is one product: nothing to split
+        ("dx", (512, 2048, 2048), torch.float32, "ieee"),
+        ("dx", (512, 2048, 2048), torch.bfloat16, "ieee"),
+        ("fwd", (512, 512, 512), torch.float32, "tf32x3"),  # the study's width: below the work floor
+        ("dx", (512, 2048, 2048), torch.float32, None),  # a caller that does not say: as before
+    ):
+        cands = launch_plan.tuning_candidates(kernel, *shape, dtype, 132, precision=precision)
+        assert all(c.backend != "presplit" for c in cands), (kernel, shape, dtype, precision)
+
+
+def test_presplit_plans_tile_the_transposed_products_of_the_gradients() -> None:
+    """dX and dW launch dX.T and dW.T: the tile's rows run along the layer's K."""
+    cfg = LaunchConfig(64, 128, 32, 4, 3, backend="presplit")
+    assert launch_plan.make_plan("fwd", 512, 2048, 1024, cfg).grid == (8 * 16,)  # Y (512, 2048)
+    assert launch_plan.make_plan("dx", 512, 1024, 2048, cfg).grid == (16 * 4,)  # dX.T (1024, 512)
+    assert launch_plan.make_plan("dw", 2048, 1024, 512, cfg).grid == (16 * 16,)  # dW.T (1024, 2048)
+    ok = {"block_r": 64, "block_c": 64, "block_red": 32, "num_warps": 4, "num_stages": 3, "backend": "presplit"}
+    assert LaunchConfig.from_dict(ok).describe() == "presplit 64x64x32 w4 s3"
+    with pytest.raises(ValueError, match="no split-K"):
+        LaunchConfig.from_dict({**ok, "split_k": 2})
+    for key in ("dx:float32:tf32:pointwise:512:2048:2048", "fwd:bfloat16:ieee:pointwise:512:2048:2048"):
+        with pytest.raises(ValueError, match="presplit route is for float32 at tf32x3"):
+            launch_plan.check_route(key, LaunchConfig.from_dict(ok))
+    assert launch_plan.check_route("dw:float32:tf32x3:identity:2048:2048:512", LaunchConfig.from_dict(ok))
+
+
 def test_the_occupancy_rule_drops_only_tiles_that_leave_most_sms_idle() -> None:
     full = launch_plan.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132, prune=False)
     pruned = launch_plan.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132)

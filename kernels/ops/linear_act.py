@@ -7,7 +7,8 @@ registers, dW and db are written in fp32. fp32 follows torch's float32 matmul
 precision; 'highest' runs LOADBENCH_STRICT_FP32's mode ('tf32x3' or 'ieee').
 Routes per kernel and shape, from kernels/plan/launches.py: 'triton' (the fused
 kernels), split-K for dW (deterministic partial sums), 'cublas' (torch.mm plus our
-epilogue/prologue kernel), 'gemv' (forward, at most 16 rows).
+epilogue/prologue kernel), 'gemv' (forward, at most 16 rows), 'presplit' (fp32 at
+'tf32x3': 3xTF32 products from operands split into TF32 parts, kernels/ops/presplit.py).
 Entry points: `linear_act` (one layer) and `linear_act_stack` (the MLP's layers; one
 autograd node eagerly, one launch for a gradient-free forward of a few rows through
 mlp_forward). The ops are torch.library triton_ops (torch.compile, CUDA-graph capture,
@@ -27,9 +28,13 @@ from torch.library import triton_op
 from torch.library import wrap_triton
 
 from kernels.ops import mlp_forward
+from kernels.ops import presplit
 from kernels.ops.activations import LEAKY_SLOPE
 from kernels.ops.activations import activation
 from kernels.ops.activations import activation_grad
+from kernels.ops.presplit import split_hi
+from kernels.ops.tiles import epilogue
+from kernels.ops.tiles import tile_ids
 from kernels.runtime import direct_launch
 from kernels.runtime.torch_internals import in_dispatch_mode
 from kernels.plan.launch_plan import ACTIVATION_CODES
@@ -37,6 +42,7 @@ from kernels.plan.launch_plan import CUBLAS
 from kernels.plan.launch_plan import EPILOGUE_BLOCK
 from kernels.plan.launch_plan import GEMV
 from kernels.plan.launch_plan import GRAD_BLOCK
+from kernels.plan.launch_plan import PRESPLIT
 from kernels.plan.launch_plan import SILU
 from kernels.plan.launch_plan import SUM_BLOCK
 from kernels.plan.launch_plan import CLASS_OF
@@ -55,33 +61,6 @@ from kernels.plan.launches import launch_report  # noqa: F401
 
 
 @triton.jit
-def _epilogue(
-    acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope,
-    ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
-):
-    """The forward's epilogue, while the accumulator is still fp32: bias, activation,
-    Y stored in its dtype and, for silu, the pre-activation Z."""
-    z = acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    y = activation(z, ACTIVATION, slope)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    out = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
-    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if SAVE_Z:
-        tl.store(z_ptr + out, z.to(z_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _tile_ids(pid, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, GROUP: tl.constexpr):
-    """Grouped program order (tutorial 03): neighbouring programs share operand tiles in L2."""
-    tiles_r = tl.cdiv(rows, BLOCK_R)
-    tiles_c = tl.cdiv(cols, BLOCK_C)
-    in_group = GROUP * tiles_c
-    first = (pid // in_group) * GROUP
-    size = tl.minimum(tiles_r - first, GROUP)
-    return first + (pid % in_group) % size, (pid % in_group) // size
-
-
-@triton.jit
 def _forward_kernel(
     # Pointers
     x_ptr, w_ptr, b_ptr, y_ptr, z_ptr,
@@ -94,7 +73,7 @@ def _forward_kernel(
     ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(tl.program_id(0).to(tl.int64), M, N, BLOCK_M, BLOCK_N, GROUP)
+    pid_m, pid_n = tile_ids(tl.program_id(0).to(tl.int64), M, N, BLOCK_M, BLOCK_N, GROUP)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -108,7 +87,7 @@ def _forward_kernel(
         acc = tl.dot(a, b.to(x_ptr.dtype.element_ty), acc, input_precision=PRECISION)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    _epilogue(acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope, ACTIVATION, SAVE_Z)
+    epilogue(acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope, ACTIVATION, SAVE_Z)
 
 
 @triton.jit
@@ -137,7 +116,7 @@ def _forward_gemv_kernel(
         acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    _epilogue(acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope, ACTIVATION, SAVE_Z)
+    epilogue(acc, b_ptr, y_ptr, z_ptr, offs_m, offs_n, M, N, stride_ym, stride_yn, slope, ACTIVATION, SAVE_Z)
 
 
 @triton.jit
@@ -153,7 +132,7 @@ def _input_grad_kernel(
     ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
 ):
-    pid_m, pid_k = _tile_ids(tl.program_id(0).to(tl.int64), M, K, BLOCK_M, BLOCK_K, GROUP)
+    pid_m, pid_k = tile_ids(tl.program_id(0).to(tl.int64), M, K, BLOCK_M, BLOCK_K, GROUP)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_n = tl.arange(0, BLOCK_N)
@@ -188,7 +167,7 @@ def _weight_grad_kernel(
     ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
 ):
-    pid_n, pid_k = _tile_ids(tl.program_id(0).to(tl.int64), N, K, BLOCK_N, BLOCK_K, GROUP)
+    pid_n, pid_k = tile_ids(tl.program_id(0).to(tl.int64), N, K, BLOCK_N, BLOCK_K, GROUP)
     split = tl.program_id(1).to(tl.int64)  # 0 without split-K
     m_first = split * m_per_split
     m_count = tl.minimum(M - m_first, m_per_split)
@@ -270,12 +249,15 @@ def _bias_act_kernel(
 
 @triton.jit
 def _act_grad_kernel(
-    dy_ptr, s_ptr, dz_ptr, db_ptr, M, N, stride_dm, stride_dn, stride_zm, stride_zn, slope,
-    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    dy_ptr, s_ptr, dz_ptr, db_ptr, lo_ptr, t_ptr, t_lo_ptr,
+    M, N, stride_dm, stride_dn, stride_zm, stride_zn, stride_tn, stride_tm, slope,
+    ACTIVATION: tl.constexpr, SPLIT: tl.constexpr, SPLIT_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """The cuBLAS route's backward prologue: dZ (in the GEMM's dtype) and db, each
-    program a strip of columns walking the batch, so db is one compensated sum in a
-    fixed order, as in the fused weight-gradient kernel."""
+    """The cuBLAS and presplit routes' backward prologue: dZ and db, each program a
+    strip of columns walking the batch, so db is one compensated sum in a fixed order,
+    as in the fused weight-gradient kernel. dZ goes to dz_ptr in the GEMMs' dtype or,
+    for the presplit route, as TF32 parts: with SPLIT hi to dz_ptr and lo to lo_ptr
+    (dZ's layout), with SPLIT_T hi to t_ptr and lo to t_lo_ptr (dZ transposed)."""
     offs_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -287,8 +269,18 @@ def _act_grad_kernel(
         dy = tl.load(dy_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         saved = tl.load(s_ptr + d_off, mask=mask, other=0.0).to(tl.float32)
         dz = activation_grad(dy, saved, ACTIVATION, slope, 1.0)  # no GEMM here: a literal will do
-        tl.store(dz_ptr + rows[:, None] * stride_zm + offs_n[None, :] * stride_zn, dz.to(dz_ptr.dtype.element_ty),
-                 mask=mask)
+        z_off = rows[:, None] * stride_zm + offs_n[None, :] * stride_zn
+        if SPLIT or SPLIT_T:
+            hi = split_hi(dz)
+            if SPLIT:
+                tl.store(dz_ptr + z_off, hi, mask=mask)
+                tl.store(lo_ptr + z_off, dz - hi, mask=mask)
+            if SPLIT_T:
+                t_off = offs_n[None, :] * stride_tn + rows[:, None] * stride_tm
+                tl.store(t_ptr + t_off, hi, mask=mask)
+                tl.store(t_lo_ptr + t_off, dz - hi, mask=mask)
+        else:
+            tl.store(dz_ptr + z_off, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         part = tl.sum(dz, axis=0) - bias_lost
         total = bias + part
         bias_lost = (total - bias) - part
@@ -334,6 +326,30 @@ def _fused_instead_of_cublas(t: torch.Tensor) -> None:
 _launch_direct = direct_launch.launch
 
 
+def _split(t: torch.Tensor, launch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """t's TF32 parts (hi, lo), contiguous, for the presplit route's second operand."""
+    hi, lo = (torch.empty(t.shape, device=t.device, dtype=torch.float32) for _ in "hl")
+    rows, cols = t.shape
+    launch(presplit._split_kernel, (cdiv(rows, presplit.SPLIT_BLOCK[0]), cdiv(cols, presplit.SPLIT_BLOCK[1])),
+           t, hi, lo, rows, cols, *t.stride(), BLOCK_R=presplit.SPLIT_BLOCK[0], BLOCK_C=presplit.SPLIT_BLOCK[1])
+    return hi, lo
+
+
+def _launch_product(launch: Any, plan: Any, a: torch.Tensor, b_hi: torch.Tensor, b_lo: torch.Tensor,
+                    c: torch.Tensor) -> None:
+    """c = a @ (b_hi + b_lo) through the presplit route's kernel, views as they come
+    (b's parts contiguous along the reduction)."""
+    cfg = plan.cfg
+    launch(
+        presplit._product_kernel, plan.grid,
+        a, b_hi, b_lo, c, c, c, c.shape[0], c.shape[1], a.shape[1],
+        *a.stride(), *b_hi.stride(), *c.stride(), LEAKY_SLOPE,
+        ACTIVATION=0, SAVE_Z=False, EPILOGUE=False,
+        BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red, GROUP=cfg.group,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
 def _forward(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: int, precision: str, act_class: str, launch: Any
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -357,6 +373,17 @@ def _forward(
         )
         return y, z if save_z else None
     z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else None
+    if cfg.backend == PRESPLIT:  # Y = X @ W.T: B = W.T, whose reduction is W's contiguous dimension
+        w_hi, w_lo = _split(w, launch)
+        launch(
+            presplit._product_kernel, plan.grid,
+            x, w_hi, w_lo, y, b, z if save_z else y, M, N, K,
+            *x.stride(), w_hi.stride(1), w_hi.stride(0), *y.stride(), LEAKY_SLOPE,
+            ACTIVATION=activation, SAVE_Z=save_z, EPILOGUE=True,
+            BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red, GROUP=cfg.group,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return y, z
     if cfg.backend == GEMV:
         launch(
             _forward_gemv_kernel, plan.grid,
@@ -393,17 +420,36 @@ def _backward(
         dx_plan = dx_plan and (dx_plan.eager or dx_plan)
     db = torch.empty((N,), device=w.device, dtype=w.dtype)
     dz = None
-    if dw_plan.cfg.backend == CUBLAS or (dx_plan is not None and dx_plan.cfg.backend == CUBLAS):
+    routes = (dw_plan.cfg.backend, dx_plan.cfg.backend if dx_plan is not None else None)
+    if PRESPLIT in routes:
+        # The presplit route: dZ once, as TF32 parts (dX's product reads them in dZ's
+        # layout, dW's transposed: each along its reduction), and db from fp32 dZ.
+        split, split_t = routes[1] == PRESPLIT, routes[0] == PRESPLIT
+        dz_hi, dz_lo = (torch.empty((M, N) if split else (0,), device=x.device, dtype=torch.float32) for _ in "hl")
+        dzt_hi, dzt_lo = (torch.empty((N, M) if split_t else (0,), device=x.device, dtype=torch.float32)
+                          for _ in "hl")
+        launch(
+            _act_grad_kernel, (cdiv(N, GRAD_BLOCK[1]),),
+            dy, saved, dz_hi, db, dz_lo, dzt_hi, dzt_lo, M, N, *dy.stride(), N, 1, M, 1, LEAKY_SLOPE,
+            ACTIVATION=activation, SPLIT=split, SPLIT_T=split_t, BLOCK_M=GRAD_BLOCK[0], BLOCK_N=GRAD_BLOCK[1],
+        )
+        if CUBLAS in routes:  # the other kernel on cuBLAS: dZ = hi + lo, exactly
+            dz = (dz_hi + dz_lo) if split else (dzt_hi + dzt_lo).t()
+    elif CUBLAS in routes:
         # The cuBLAS route: dZ once, in the GEMMs' dtype (as the fused kernels cast it
         # before their dot), and db from fp32 dZ.
         dz = torch.empty((M, N), device=x.device, dtype=x.dtype)
         launch(
             _act_grad_kernel, (cdiv(N, GRAD_BLOCK[1]),),
-            dy, saved, dz, db, M, N, *dy.stride(), *dz.stride(), LEAKY_SLOPE,
-            ACTIVATION=activation, BLOCK_M=GRAD_BLOCK[0], BLOCK_N=GRAD_BLOCK[1],
+            dy, saved, dz, db, dz, dz, dz, M, N, *dy.stride(), *dz.stride(), 0, 0, LEAKY_SLOPE,
+            ACTIVATION=activation, SPLIT=False, SPLIT_T=False, BLOCK_M=GRAD_BLOCK[0], BLOCK_N=GRAD_BLOCK[1],
         )
     cfg = dw_plan.cfg
-    if cfg.backend == CUBLAS:
+    if cfg.backend == PRESPLIT:
+        # dW.T = X.T @ dZ: B = dZ, along the batch in dZ's transposed parts; C stored transposed
+        dw = torch.empty_like(w)
+        _launch_product(launch, dw_plan, x.t(), dzt_hi.t(), dzt_lo.t(), dw.t())
+    elif cfg.backend == CUBLAS:
         dw = torch.mm(dz.t(), x)  # db came with dz
         dw = dw if dw.dtype == w.dtype else dw.to(w.dtype)
     else:
@@ -427,6 +473,11 @@ def _backward(
     if dx_plan is None:
         return None, dw, db
     cfg = dx_plan.cfg
+    if cfg.backend == PRESPLIT:
+        # dX.T = W.T @ dZ.T: B = dZ.T, along the columns in dZ's parts; C stored transposed
+        dx = torch.empty_like(x)
+        _launch_product(launch, dx_plan, w.t(), dz_hi.t(), dz_lo.t(), dx.t())
+        return dx, dw, db
     if cfg.backend == CUBLAS:
         return torch.mm(dz, w if w.dtype == dz.dtype else w.to(dz.dtype)), dw, db
     dx = torch.empty_like(x)

@@ -37,8 +37,8 @@ GRAD_BLOCK = (64, 32)  # rows walked per step, columns per program
 # ---------------------------------------------------------------- launch configs
 
 
-TRITON, CUBLAS, GEMV = "triton", "cublas", "gemv"
-BACKENDS = (TRITON, CUBLAS, GEMV)
+TRITON, CUBLAS, GEMV, PRESPLIT = "triton", "cublas", "gemv", "presplit"
+BACKENDS = (TRITON, CUBLAS, GEMV, PRESPLIT)
 # The few-row forward: tl.dot pads a tile to 16 rows, so at batch 1 a tensor-core tile
 # does 16x the work and its few wide programs leave most SMs idle. The gemv route
 # multiplies on the FMA units (fp32 exactly, at any matmul precision) with one program
@@ -46,6 +46,15 @@ BACKENDS = (TRITON, CUBLAS, GEMV)
 GEMV_MAX_ROWS = 16
 GEMV_MAX_TILE = 8192  # rows x columns x reduction step of one program's product, in registers
 GEMV_TILES = ((16, 128), (32, 128), (16, 256), (64, 64), (32, 256))  # (columns, reduction step)
+# The presplit route (kernels/ops/presplit.py): 3xTF32 products from operands split into
+# TF32 parts, for fp32 at 'tf32x3' only. Its tiles are over the product it launches, which
+# for dX and dW is the transpose (dX.T, dW.T): the tile's rows run along the layer's K.
+# Tuned only where a layer is large enough to gain (PRESPLIT_MIN_WORK, M x N x K): on an
+# H200 at batch 512 it took widths 1024 and 2048 from 52-128 us to 50 (docs/kernels.md).
+PRESPLIT_PRECISION = "tf32x3"
+PRESPLIT_MIN_WORK = 1 << 29
+PRESPLIT_TILES = ((64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 64, 32, 4, 4),
+                  (128, 128, 32, 8, 4))  # (rows, columns, reduction step, warps, stages)
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,8 @@ class LaunchConfig:
         if (any(b < low or b & (b - 1) for b, low in zip(blocks, (low_r, 16, 16)))
                 or cfg.num_warps not in (1, 2, 4, 8, 16)):
             raise ValueError(f"launch config {data!r}: blocks must be powers of two >= 16 (gemv rows >= 1), warps 1-16")
+        if cfg.backend == PRESPLIT and cfg.split_k != 1:
+            raise ValueError(f"launch config {data!r}: the presplit route has no split-K")
         if cfg.backend == GEMV and (cfg.block_r > GEMV_MAX_ROWS or cfg.split_k != 1):
             raise ValueError(f"launch config {data!r}: the gemv route takes at most {GEMV_MAX_ROWS} rows, no split-K")
         if not (1 <= cfg.num_stages <= 8 and cfg.group >= 1 and 1 <= cfg.split_k <= 64):
@@ -86,6 +97,8 @@ class LaunchConfig:
             return "cublas+epilogue"
         if self.backend == GEMV:
             return f"gemv {self.block_r}x{self.block_c}x{self.block_red} w{self.num_warps}"
+        if self.backend == PRESPLIT:
+            return f"presplit {self.block_r}x{self.block_c}x{self.block_red} w{self.num_warps} s{self.num_stages}"
         split = f" split-K {self.split_k}" if self.split_k > 1 else ""
         return f"{self.block_r}x{self.block_c}x{self.block_red} w{self.num_warps} s{self.num_stages}{split}"
 
@@ -198,13 +211,15 @@ def _programs(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConf
 
 
 def tuning_candidates(
-    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, sm_count: int | None, prune: bool = True
+    kernel: str, rows: int, cols: int, reduction: int, dtype: torch.dtype, sm_count: int | None, prune: bool = True,
+    precision: str | None = None,
 ) -> list[LaunchConfig]:
     """What tuning one shape times: the heuristic's tile, the tiles that fit the output
     (a 128-row tile over a 16-row output is mostly masked work), for dW split-K over
-    the tiles that leave SMs idle, and the cuBLAS route; where the SM count is known,
-    less the tiles the occupancy rule (MIN_PROGRAMS_PER_SM) and, in 16 bits, the
-    reduction-step rule (ONE_STEP_DTYPES) rule out; `prune=False`: neither rule."""
+    the tiles that leave SMs idle, the presplit route's tiles where it applies
+    (`presplit_applies`), and the cuBLAS route; where the SM count is known, less the
+    tiles the occupancy rule (MIN_PROGRAMS_PER_SM) and, in 16 bits, the reduction-step
+    rule (ONE_STEP_DTYPES) rule out; `prune=False`: neither rule."""
     heuristic = heuristic_config(rows, cols, reduction, dtype)
     fits = [c for c in candidates(dtype, reduction if prune else None)
             if c.block_r <= max(32, _bucket(rows)) and c.block_c <= max(32, _bucket(cols))]
@@ -225,8 +240,17 @@ def tuning_candidates(
             out = [c for i, (c, p) in enumerate(zip(out, programs)) if i == 0 or p is None or p >= floor]
     if kernel == "fwd" and rows <= GEMV_MAX_ROWS:
         out += gemv_candidates(rows, reduction)
+    if presplit_applies(rows, cols, reduction, dtype, precision):
+        out += [LaunchConfig(r, c, red, w, s, backend=PRESPLIT) for r, c, red, w, s in PRESPLIT_TILES]
     out.append(dataclasses.replace(heuristic, backend=CUBLAS))  # last: first-use tuning's seeds keep it there
     return out
+
+
+def presplit_applies(rows: int, cols: int, reduction: int, dtype: torch.dtype, precision: str | None) -> bool:
+    """Whether tuning times the presplit route: fp32 at 'tf32x3', a layer of at least
+    PRESPLIT_MIN_WORK multiply-adds."""
+    return (dtype == torch.float32 and precision == PRESPLIT_PRECISION
+            and rows * cols * reduction >= PRESPLIT_MIN_WORK)
 
 
 def check_route(key: str, cfg: LaunchConfig) -> LaunchConfig:
@@ -234,6 +258,9 @@ def check_route(key: str, cfg: LaunchConfig) -> LaunchConfig:
     giving a weight or input gradient the forward-only gemv route raises ValueError."""
     if cfg.backend == GEMV and not key.startswith("fwd:"):
         raise ValueError(f"the gemv route is forward-only, not for {key.split(':')[0]}")
+    if cfg.backend == PRESPLIT and key.split(":")[1:3] != ["float32", PRESPLIT_PRECISION]:
+        given = ":".join(key.split(":")[1:3])
+        raise ValueError(f"the presplit route is for float32 at {PRESPLIT_PRECISION}, not {given}")
     return cfg
 
 
@@ -317,6 +344,9 @@ def make_plan(kernel: str, rows: int, cols: int, reduction: int, cfg: LaunchConf
         if kernel != "fwd":
             raise ValueError(f"the gemv route is forward-only; {kernel} was given {cfg.describe()}")
         return Plan(cfg, (cdiv(cols, cfg.block_c), cdiv(rows, cfg.block_r)))
+    if cfg.backend == PRESPLIT:  # dX and dW launch their transposes: tiles over (cols, rows)
+        r, c = (rows, cols) if kernel == "fwd" else (cols, rows)
+        return Plan(cfg, (cdiv(r, cfg.block_r) * cdiv(c, cfg.block_c),), 1, reduction)
     if cfg.backend == CUBLAS:  # only the forward's epilogue has a grid per shape
         fwd = kernel == "fwd"
         return Plan(cfg, (cdiv(rows, EPILOGUE_BLOCK[0]), cdiv(cols, EPILOGUE_BLOCK[1])) if fwd else ())

@@ -38,6 +38,7 @@ from kernels.plan.trials import precompile
 from kernels.plan.trials import time_launch
 from kernels.plan.launch_plan import CUBLAS
 from kernels.plan.launch_plan import GEMV
+from kernels.plan.launch_plan import PRESPLIT
 from kernels.plan.launch_plan import KEY_FORMAT
 from kernels.plan.launch_plan import TIMED_ACTIVATION
 from kernels.plan.launch_plan import TRITON
@@ -98,12 +99,12 @@ def _why_not_now(like: torch.Tensor) -> str | None:
 
 
 def fused_second(finalists: list[LaunchConfig], ms: list[float]) -> tuple[LaunchConfig, float] | None:
-    """Where the fastest finalist is the cuBLAS route: the fastest fused-kernel finalist
-    and the ms per call it is slower by; None otherwise."""
+    """Where the fastest finalist is the cuBLAS route: the fastest finalist of our own
+    kernels (fused or presplit) and the ms per call it is slower by; None otherwise."""
     if not finalists or len(ms) != len(finalists) or finalists[0].backend != CUBLAS:
         return None
     for cfg, t in zip(finalists, ms):
-        if cfg.backend == TRITON:
+        if cfg.backend in (TRITON, PRESPLIT):
             return cfg, t - ms[0]
     return None
 
@@ -252,7 +253,7 @@ class Launches:
         gpu, key = self.model(device), shape_key(kernel, rows, cols, red, dtype, precision, act_class)
         m, n, k = layer_mnk(kernel, rows, cols, red)
         activation = TIMED_ACTIVATION[act_class]
-        cands = tuning_candidates(kernel, rows, cols, red, dtype, self.sm_count(device))
+        cands = tuning_candidates(kernel, rows, cols, red, dtype, self.sm_count(device), precision=precision)
         seeds = self.seeds(gpu, kernel, rows, cols, red, dtype, precision, act_class)
         if seeds is not None:
             gemv = [c for c in cands if c.backend == GEMV]  # the table's finalists predate the route

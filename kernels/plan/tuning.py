@@ -161,7 +161,8 @@ def dry_run(shapes: Sequence[KernelShape], sm_count: int) -> dict[str, Any]:
         rows = []
         finalists: dict[str, list[LaunchConfig]] = {}
         for s in which:
-            cands = launch_plan.tuning_candidates(s.kernel, s.rows, s.cols, s.red, s.dtype, sm_count, prune=prune)
+            cands = launch_plan.tuning_candidates(s.kernel, s.rows, s.cols, s.red, s.dtype, sm_count, prune=prune,
+                                                  precision=s.precision)
             seed = launches.SEED_CLASSES.get(s.act_class)
             seeded = finalists.get(s.key.replace(f":{s.act_class}:", f":{seed}:")) if halving and seed else None
             if seeded is not None:  # the seeding class's finalists: here, its first candidates
