@@ -27,6 +27,19 @@ def test_experiment_shapes_match_the_suite() -> None:
     assert bench_cells.DEPTH == TrainConfig.OPTIMAL.depth
 
 
+def test_a_cells_flops_count_every_layer() -> None:
+    """Three hidden layers at width 2048 are two 2048 x 2048 products, not one: the FLOPs
+    (and the TFLOP/s the records give) count each Linear, while tuning sees each shape once."""
+    from bench.tools import bench_cells
+
+    cell = bench_cells.CellResult(512, 2048, "leaky_relu", "fp32", torch.device("cpu"))
+    features, classes = bench_cells.FEATURES, bench_cells.CLASSES
+    hidden = 512 * 2048 * 2048
+    assert cell.flops == 6.0 * (512 * 2048 * features + 2 * hidden + 512 * classes * 2048)
+    assert bench_cells.layer_shapes(512, 2048) == set(bench_cells.layers(512, 2048))
+    assert len(bench_cells.layers(512, 2048)) == bench_cells.DEPTH + 1
+
+
 def test_eager_times_come_from_interleaved_rounds(monkeypatch) -> None:
     """Each round takes every implementation in turn; each gets its median round, and a
     baseline failing part-way is recorded without a time (planted timer, a stand-in GPU)."""

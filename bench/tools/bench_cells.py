@@ -71,10 +71,15 @@ def experiment_pairs(batches: Sequence[int] = BATCHES, widths: Sequence[int] = W
     return sorted({(CENTRE[0], w) for w in widths} | {(b, CENTRE[1]) for b in batches})
 
 
-def layer_shapes(batch: int, width: int, depth: int = DEPTH) -> set[tuple[int, int, int]]:
-    """(M, N, K) of every Linear of the MLP."""
+def layers(batch: int, width: int, depth: int = DEPTH) -> list[tuple[int, int, int]]:
+    """(M, N, K) of each Linear of the MLP, input layer first, head last."""
     sizes = [FEATURES] + [width] * depth
-    return {(batch, o, i) for i, o in zip(sizes[:-1], sizes[1:])} | {(batch, CLASSES, width)}
+    return [(batch, o, i) for i, o in zip(sizes[:-1], sizes[1:])] + [(batch, CLASSES, width)]
+
+
+def layer_shapes(batch: int, width: int, depth: int = DEPTH) -> set[tuple[int, int, int]]:
+    """The distinct (M, N, K) of the MLP's Linears: what tuning sees."""
+    return set(layers(batch, width, depth))
 
 
 def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str) -> Callable[[], None]:
@@ -134,8 +139,8 @@ class CellResult:
 
     @property
     def flops(self) -> float:
-        """Forward + backward GEMM FLOPs of one step (3x forward)."""
-        return 6.0 * sum(m * n * k for m, n, k in layer_shapes(self.batch, self.width))
+        """Forward + backward GEMM FLOPs of one step (3x forward), every layer counted."""
+        return 6.0 * sum(m * n * k for m, n, k in layers(self.batch, self.width))
 
     def ratio(self, a: str, b: str) -> float | None:
         ta, tb = self.times_ms.get(a), self.times_ms.get(b)
