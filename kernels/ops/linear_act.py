@@ -5,15 +5,14 @@ the GEMMs' prologue, from the saved output (the saved pre-activation for silu).
 Under autocast W and b stay fp32 (master weights): X arrives in bf16, W is rounded in
 registers, dW and db are written in fp32. fp32 follows torch's float32 matmul
 precision; 'highest' runs LOADBENCH_STRICT_FP32's mode ('tf32x3' or 'ieee').
-Routes per kernel and shape, from kernels/plan/launches.py: 'triton' (the fused
-kernels), split-K for dW (deterministic partial sums), 'cublas' (torch.mm plus our
-epilogue/prologue kernel), 'gemv' (forward, at most 16 rows), 'presplit' (fp32 at
-'tf32x3': 3xTF32 products from operands split into TF32 parts, kernels/ops/presplit.py).
+Routes per kernel and shape, from kernels/plan/launches.py: 'triton' (the fused kernels),
+split-K for dW (deterministic partial sums), 'cublas' (torch.mm plus our epilogue/prologue
+kernel), 'gemv' (forward, at most 16 rows), 'presplit' (kernels/ops/presplit.py).
 Entry points: `linear_act` (one layer) and `linear_act_stack` (the MLP's layers; one
 autograd node eagerly, one launch for a gradient-free forward of a few rows through
 mlp_forward). The ops are torch.library triton_ops (torch.compile, CUDA-graph capture,
 TRITON_INTERPRET=1 on CPU); eager calls skip the dispatcher through an autograd.Function
-running the same launch code. Design notes and measurements: docs/kernels.md.
+running the same launch code. Design notes, measurements: docs/kernels.md.
 """
 
 from __future__ import annotations

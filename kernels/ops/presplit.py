@@ -1,25 +1,16 @@
 """3xTF32 products on pre-split operands: C = A @ B at fp32 accuracy on TF32 tensor cores.
 
-The layer kernels' 'presplit' route for fp32 at 'tf32x3' (kernels/ops/linear_act.py
-launches it; kernels/plan picks it by measurement). Each operand x is a sum hi + lo of
-two TF32 numbers (`split_hi`: x rounded to TF32's 10 mantissa bits, ties away from zero,
-as cvt.rna.tf32.f32), and a product is a_lo b_hi + a_hi b_lo + a_hi b_hi (a_lo b_lo, 2^-22
-of the product, is dropped), three TF32 tensor-core products.
-
-Why not `tl.dot(input_precision="tf32x3")`: Triton splits both operands in registers each
-reduction step, and a Hopper warpgroup MMA reads its second operand from shared memory,
-so every step writes the split B back to shared memory before the MMA can start. Here B
-arrives split, B_hi and B_lo written once by `_split_kernel` (or by the kernel that makes
-the tensor), and the pipeline copies both straight into shared memory; only A is split,
-in registers, which the MMA reads as they are. B's reduction dimension must be its
-contiguous one (32-bit operands have no transposed MMA): the callers choose the form of
-each product so that it is.
-
-Accumulation: each reduction step's three products are summed on the tensor cores from
-zero and then added to the fp32 accumulator. The tensor cores' own accumulation into a
-large running sum loses low bits of the small terms: summed there instead, the error
-grew to 2e-5 of the largest output at K = 2048, against 3e-7 this way, Triton's tf32x3's
-figure (an H200, docs/kernels.md).
+The layer kernels' 'presplit' route for fp32 at 'tf32x3' (launched by kernels/ops/linear_act.py,
+picked by measurement in kernels/plan). x = hi + lo, two TF32 numbers (`split_hi`: x rounded to
+10 mantissa bits, ties away from zero, as cvt.rna.tf32.f32); a product is a_lo b_hi + a_hi b_lo
++ a_hi b_hi (a_lo b_lo, 2^-22 of it, dropped). Unlike `tl.dot(input_precision="tf32x3")`, which
+splits both operands in registers each step and so writes B back to shared memory before a
+Hopper MMA can read it, B arrives split (B_hi, B_lo written once, `_split_kernel` or the kernel
+that makes the tensor) and is copied straight into shared memory; only A is split, in registers.
+B's reduction must be its contiguous dimension (no transposed 32-bit MMA). Each step's three
+products are summed on the tensor cores from zero, then added to the fp32 sum: the tensor
+cores' accumulation into a large running sum drops the small terms' low bits (docs/kernels.md,
+"Five routes", has the figures).
 """
 
 from __future__ import annotations
