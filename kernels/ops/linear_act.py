@@ -334,16 +334,19 @@ def _split(t: torch.Tensor, launch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, lo
 
 
-def _launch_product(launch: Any, plan: Any, a: torch.Tensor, b_hi: torch.Tensor, b_lo: torch.Tensor,
-                    c: torch.Tensor) -> None:
+def _launch_product(
+    launch: Any, plan: Any, a: torch.Tensor, b_hi: torch.Tensor, b_lo: torch.Tensor, c: torch.Tensor,
+    bias: torch.Tensor | None = None, z: torch.Tensor | None = None, activation: int = 0,
+) -> None:
     """c = a @ (b_hi + b_lo) through the presplit route's kernel, views as they come
-    (b's parts contiguous along the reduction)."""
+    (b's parts contiguous along the reduction); with `bias`, the forward's epilogue:
+    c = act(a @ b + bias), and for silu the pre-activation into `z`."""
     cfg = plan.cfg
     launch(
         presplit._product_kernel, plan.grid,
-        a, b_hi, b_lo, c, c, c, c.shape[0], c.shape[1], a.shape[1],
+        a, b_hi, b_lo, c, c if bias is None else bias, c if z is None else z, c.shape[0], c.shape[1], a.shape[1],
         *a.stride(), *b_hi.stride(), *c.stride(), LEAKY_SLOPE,
-        ACTIVATION=0, SAVE_Z=False, EPILOGUE=False,
+        ACTIVATION=activation, SAVE_Z=z is not None, EPILOGUE=bias is not None,
         BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red, GROUP=cfg.group,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -374,14 +377,7 @@ def _forward(
     z = torch.empty((M, N), device=x.device, dtype=x.dtype) if save_z else None
     if cfg.backend == PRESPLIT:  # Y = X @ W.T: B = W.T, whose reduction is W's contiguous dimension
         w_hi, w_lo = _split(w, launch)
-        launch(
-            presplit._product_kernel, plan.grid,
-            x, w_hi, w_lo, y, b, z if save_z else y, M, N, K,
-            *x.stride(), w_hi.stride(1), w_hi.stride(0), *y.stride(), LEAKY_SLOPE,
-            ACTIVATION=activation, SAVE_Z=save_z, EPILOGUE=True,
-            BLOCK_M=cfg.block_r, BLOCK_N=cfg.block_c, BLOCK_K=cfg.block_red, GROUP=cfg.group,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        _launch_product(launch, plan, x, w_hi.t(), w_lo.t(), y, bias=b, z=z, activation=activation)
         return y, z
     if cfg.backend == GEMV:
         launch(

@@ -49,8 +49,8 @@ GEMV_TILES = ((16, 128), (32, 128), (16, 256), (64, 64), (32, 256))  # (columns,
 # The presplit route (kernels/ops/presplit.py): 3xTF32 products from operands split into
 # TF32 parts, for fp32 at 'tf32x3' only. Its tiles are over the product it launches, which
 # for dX and dW is the transpose (dX.T, dW.T): the tile's rows run along the layer's K.
-# Tuned only where a layer is large enough to gain (PRESPLIT_MIN_WORK, M x N x K): on an
-# H200 at batch 512 it took widths 1024 and 2048 from 52-128 us to 50 (docs/kernels.md).
+# Tuned only where a layer is large enough to gain (PRESPLIT_MIN_WORK, M x N x K): widths
+# 1024 and up at batch 512, where it was measured faster (docs/kernels.md, "Five routes").
 PRESPLIT_PRECISION = "tf32x3"
 PRESPLIT_MIN_WORK = 1 << 29
 PRESPLIT_TILES = ((64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 64, 32, 4, 4),
@@ -255,7 +255,8 @@ def presplit_applies(rows: int, cols: int, reduction: int, dtype: torch.dtype, p
 
 def check_route(key: str, cfg: LaunchConfig) -> LaunchConfig:
     """`cfg` if its route can run the kernel of shape key `key`; a table or cache entry
-    giving a weight or input gradient the forward-only gemv route raises ValueError."""
+    giving a weight or input gradient the forward-only gemv route, or anything but fp32
+    at 'tf32x3' the presplit route, raises ValueError."""
     if cfg.backend == GEMV and not key.startswith("fwd:"):
         raise ValueError(f"the gemv route is forward-only, not for {key.split(':')[0]}")
     if cfg.backend == PRESPLIT and key.split(":")[1:3] != ["float32", PRESPLIT_PRECISION]:
