@@ -112,6 +112,9 @@ CASE_FIELDS: tuple[Field, ...] = (
     Field("load", "the load monitor's summary"),
     Field("series_path", "the sample series CSV (None: the run is not stored)"),
     Field("planted_slowdown", "the --plant-slowdown that ran, or None"),
+    Field("triton_builds", "the Triton kernels this process compiled ('compiled') and loaded from Triton's "
+                           "cache ('cache_hits') while it built and trained the case; None where Triton has "
+                           "no compilation listener"),
     Field("kernel_trace", "the kernel table of a few steady epochs (--kernel-trace)", optional=True),
     Field("bound", "per step: kernels, kernel time, wall time and the compute, memory and launch floors "
                  "(model.bound.Bound.as_dict), with the device and the measured ceilings; None if not profiled"),

@@ -5,7 +5,9 @@ are empty, and little of either when they are warm, so a first-epoch figure mean
 something only beside the caches' state. `--cold-caches` points both caches at empty
 folders for the session (removed at its end); otherwise the state is read from the
 folders the libraries use by default (TRITON_CACHE_DIR or ~/.triton/cache;
-TORCHINDUCTOR_CACHE_DIR or the system temp folder's torchinductor_<user>).
+TORCHINDUCTOR_CACHE_DIR or the system temp folder's torchinductor_<user>). The folders'
+state is the session's; `TritonBuilds` counts what one case's Triton kernels cost: how many
+this process compiled and how many it loaded from the cache.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def _has_files(folder: Path) -> bool:
@@ -58,3 +61,47 @@ class KernelCaches:
                 os.environ[name] = value
         shutil.rmtree(self.scratch, ignore_errors=True)
         self.scratch = None
+
+
+class TritonBuilds:
+    """While entered, counts the Triton kernels this process compiles and those it loads
+    from Triton's on-disk cache, through Triton's compilation listener (chained to any
+    listener already set, restored on exit). Compiles in other processes (Inductor's
+    compile workers) are not seen; the interpreter compiles nothing. `counts()`: None
+    where this Triton has no listener knob."""
+
+    def __init__(self) -> None:
+        self.compiled = self.cache_hits = 0
+        self.available = False
+        self._compilation: Any = None
+        self._before: Any = None
+
+    def __enter__(self) -> TritonBuilds:
+        try:
+            from triton import knobs
+        except ImportError:  # no Triton, or one before knobs (3.4)
+            return self
+        compilation = getattr(knobs, "compilation", None)
+        if compilation is None or not hasattr(compilation, "listener"):
+            return self
+        before = compilation.listener
+
+        def listener(*args: Any, **kwargs: Any) -> None:
+            if kwargs.get("cache_hit"):
+                self.cache_hits += 1
+            else:
+                self.compiled += 1
+            if before is not None:
+                before(*args, **kwargs)
+
+        self._compilation, self._before, self.available = compilation, before, True
+        compilation.listener = listener
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._compilation is not None:
+            self._compilation.listener = self._before
+            self._compilation = None
+
+    def counts(self) -> dict[str, int] | None:
+        return {"compiled": self.compiled, "cache_hits": self.cache_hits} if self.available else None

@@ -28,6 +28,7 @@ from bench.monitor.sampler import LoadMonitor
 from bench.monitor.series import safe_name
 from bench.monitor.series import write_series
 from bench.monitor.trace import profile_trainer
+from bench.plugin.caches import TritonBuilds
 from bench.plugin.plant import plant_slowdown
 from bench.plugin.session import LoadBenchSession
 from bench.plugin.verdicts import budget_for
@@ -79,12 +80,14 @@ class LoadBench:
             torch.cuda.reset_peak_memory_stats(options.device)
             # What other live objects (the dataset) hold is not this case's.
             self.allocated_before = torch.cuda.memory_allocated(options.device)
-        trainer = Trainer(config, data)  # built outside the timed window
-        if options.plant is not None:
-            plant_slowdown(trainer, options.plant)
+        builds = TritonBuilds()
         try:
-            with monitor:
-                result, epochs = self._train(trainer, config, progress, monitor)
+            with builds:
+                trainer = Trainer(config, data)  # built outside the timed window
+                if options.plant is not None:
+                    plant_slowdown(trainer, options.plant)
+                with monitor:
+                    result, epochs = self._train(trainer, config, progress, monitor)
         except torch.cuda.OutOfMemoryError as exc:
             pytest.fail(
                 f"{case.id}: out of GPU memory (batch {config.batch_size}, width {config.width}, "
@@ -92,6 +95,7 @@ class LoadBench:
                 pytrace=False,
             )
         record = self._record(case, config, data, result, epochs, monitor)
+        record["triton_builds"] = builds.counts()
         # After the timed window and the record's memory peaks, before the trainer lets go
         # of its model: --kernel-trace profiles three epochs for the stored table, the bound
         # of every other case one.
