@@ -490,35 +490,44 @@ def test_cache_state_is_read_from_the_users_folders(tmp_path, monkeypatch) -> No
     assert KernelCaches.for_session(cold=False).state == "warm"
 
 
-def test_triton_builds_count_compiles_and_cache_hits(tmp_path, monkeypatch) -> None:
+_BUILD_TWICE = """
+import json, sys
+import triton
+import triton.language as tl
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from bench.plugin.caches import TritonBuilds
+
+@triton.jit
+def copy(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+
+seen = []
+knobs.compilation.listener = before = lambda **kw: seen.append(kw["cache_hit"])
+source = ASTSource(fn=copy, signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "BLOCK": "constexpr"},
+                   constexprs={(2,): 16})
+with TritonBuilds() as builds:
+    for _ in range(2):
+        triton.compile(source, target=GPUTarget("cuda", 90, 32))
+print(json.dumps({"counts": builds.counts(), "seen": seen, "restored": knobs.compilation.listener is before}))
+"""
+
+
+def test_triton_builds_count_compiles_and_cache_hits(tmp_path) -> None:
     """A case's record counts the Triton kernels compiled and those loaded from the cache:
     one kernel built twice for sm_90 (no GPU needed) into an empty cache is one of each;
-    a listener set before is still called, and is back in place afterwards."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the interpreter replaces the compiler: off here
-    import triton
-    import triton.language as tl
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from bench.plugin.caches import TritonBuilds
-
-    @triton.jit
-    def copy(x_ptr, y_ptr, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
-        tl.store(y_ptr + offs, tl.load(x_ptr + offs))
-
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    seen = []
-    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: seen.append(kw["cache_hit"]))
-    before = knobs.compilation.listener
-    source = ASTSource(fn=copy, signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "BLOCK": "constexpr"},
-                       constexprs={(2,): 16})
-    with TritonBuilds() as builds:
-        for _ in range(2):
-            triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    assert builds.counts() == {"compiled": 1, "cache_hits": 1}
-    assert seen == [False, True] and knobs.compilation.listener is before
+    a listener set before is still called, and is back in place afterwards. In a process
+    of its own: the interpreter, which the other tests run, replaces the compiler."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    script = tmp_path / "build_twice.py"  # @triton.jit reads its kernel's source from a file
+    script.write_text(_BUILD_TWICE, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"counts": {"compiled": 1, "cache_hits": 1}, "seen": [False, True], "restored": True}
 
 
 def test_the_record_names_the_card_a_run_was_made_on(monkeypatch) -> None:
