@@ -476,7 +476,7 @@ def test_presplit_parts_sum_to_the_operand() -> None:
 
     x = torch.randn(70, 33, device=DEVICE).t()  # strides (1, 33)
     x[0, :3] = torch.tensor([1 + 2**-11, 1 + 2**-11 + 2**-13, -(1 + 2**-11 + 2**-13)])
-    hi, lo = op._split(x, op._launch_traceable if not CUDA else op._launch_direct)
+    hi, lo = op._split(x, op._launch_direct)
     assert hi.is_contiguous() and torch.equal(hi + lo, x)
     assert (hi.view(torch.int32) & 0x1FFF).eq(0).all()
     assert hi[0, :3].tolist() == [1 + 2**-10, 1 + 2**-10, -(1 + 2**-10)]

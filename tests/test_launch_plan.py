@@ -85,6 +85,18 @@ def test_presplit_plans_tile_the_transposed_products_of_the_gradients() -> None:
     assert launch_plan.check_route("dw:float32:tf32x3:identity:2048:2048:512", LaunchConfig.from_dict(ok))
 
 
+def test_the_report_names_each_plans_route_the_same_way() -> None:
+    """A plan and the eager plan beside it are named by one function: a presplit
+    finalist run by uncaptured calls is reported as presplit, not as the fused kernels."""
+    presplit = LaunchConfig(64, 64, 32, 4, 3, backend="presplit")
+    split = LaunchConfig(16, 64, 32, 4, 3, split_k=2)
+    assert launches.route_of(launch_plan.make_plan("dw", 2048, 2048, 512, presplit)) == "presplit 64x64x32 w4 s3"
+    assert launches.route_of(launch_plan.make_plan("dw", 512, 512, 512, split)) == "triton split-K 2"
+    assert launches.route_of(launch_plan.make_plan("fwd", 512, 512, 512, LaunchConfig(64, 32, 32, 4, 3))) == "triton"
+    cublas = LaunchConfig(64, 32, 32, 4, 3, backend="cublas")
+    assert launches.route_of(launch_plan.make_plan("dx", 512, 512, 512, cublas)) == "cublas+epilogue"
+
+
 def test_the_occupancy_rule_drops_only_tiles_that_leave_most_sms_idle() -> None:
     full = launch_plan.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132, prune=False)
     pruned = launch_plan.tuning_candidates("fwd", 512, 512, 512, torch.float32, 132)

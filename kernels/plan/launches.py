@@ -98,6 +98,14 @@ def _why_not_now(like: torch.Tensor) -> str | None:
     return None
 
 
+def route_of(plan: Plan) -> str:
+    """The report's name for what a plan launches: the fused kernels ('triton', with its
+    split-K slices in use) or the route's own description."""
+    if plan.cfg.backend != TRITON:
+        return plan.cfg.describe()
+    return f"triton split-K {plan.splits}" if plan.splits > 1 else "triton"
+
+
 def fused_second(finalists: list[LaunchConfig], ms: list[float]) -> tuple[LaunchConfig, float] | None:
     """Where the fastest finalist is the cuBLAS route: the fastest finalist of our own
     kernels (fused or presplit) and the ms per call it is slower by; None otherwise."""
@@ -416,8 +424,6 @@ class Launches:
 
     def record(self, kernel, rows, cols, red, dtype, device, plan, source, note, final, precision, act_class) -> None:  # type: ignore[no-untyped-def]
         cfg = plan.cfg
-        route = (cfg.describe() if cfg.backend != TRITON
-                 else f"triton split-K {plan.splits}" if plan.splits > 1 else "triton")
         entry: dict[str, Any] = {
             "kernel": kernel,
             "dtype": str(dtype).removeprefix("torch."),
@@ -427,7 +433,7 @@ class Launches:
             "device": self.model(device),
             "key": shape_key(kernel, rows, cols, red, dtype, precision, act_class),
             "source": source,
-            "route": route,
+            "route": route_of(plan),
             "config": dataclasses.asdict(cfg),
         }
         if note:
@@ -435,7 +441,7 @@ class Launches:
         if plan.eager is not None:  # the fused finalist uncaptured calls run, and the two times compared
             gives_up_ms = self._fused_second[self.model(device), entry["key"]][1]
             entry["eager"] = {
-                "route": f"triton split-K {plan.eager.splits}" if plan.eager.splits > 1 else "triton",
+                "route": route_of(plan.eager),
                 "config": dataclasses.asdict(plan.eager.cfg),
                 "gives_up_us": round(gives_up_ms * 1000, 2),
                 "host_call_us": round(self.host_call_ms(device) * 1000, 2),
