@@ -64,18 +64,21 @@ def rms(t):
     (32, 2, "relu", "adam", 24, 20),         # G_{L-1} read 32 columns wide
     (32, 3, "leaky_relu", "adam", 48, 10),   # whole tiles: the hidden products load unmasked
 ], ids=["adam-3x48", "sgd-1x32-silu", "rmsprop-2x40", "adagrad-4x16", "adam-2x32-20-classes", "adam-3x32-whole"])
-@pytest.mark.parametrize(("copies", "swap"), [(0, 7), (1, 3), (2, 7), (3, 7), (0, 0), (3, 0), (3, 3), (0, 4)],
-                         ids=["no-copies", "w-copy", "ag-copies", "all-copies", "no-copies-unswapped",
-                              "all-copies-unswapped", "all-copies-weights-unswapped", "no-copies-weights-swapped"])
+@pytest.mark.parametrize(("copies", "swap", "chains"), [
+    (0, 7, True), (1, 3, True), (2, 7, True), (3, 7, True), (0, 0, True), (3, 0, True), (3, 3, True), (0, 4, True),
+    (0, 0, False),
+], ids=["no-copies", "w-copy", "ag-copies", "all-copies", "no-copies-unswapped", "all-copies-unswapped",
+        "all-copies-weights-unswapped", "no-copies-weights-swapped", "tritons-tf32x3"])
 def test_step_matches_float64_and_the_flat_optimizer(
-    width, depth, activation, optimizer, batch, classes, copies, swap,
+    width, depth, activation, optimizer, batch, classes, copies, swap, chains,
 ) -> None:
     """Each choice of transposed copies for the backward operands (Blocks.copies), with
     the hidden products run transposed (Blocks.swap, bits per kind of tile: all, the
-    forward and input-gradient tiles, the weight tiles alone) and none."""
+    forward and input-gradient tiles, the weight tiles alone) and none; 3xTF32's
+    products as chains apart (Blocks.chains, fp32's choice) and as Triton chains them."""
     x, y, (ours, layers), (opt_ours, opt_layers), exact = problem(width, depth, activation, optimizer, classes=classes)
     step = fused(x, y, ours, opt_ours, activation, batch)
-    step.use_blocks(dataclasses.replace(step.blocks, copies=copies, swap=swap))
+    step.use_blocks(dataclasses.replace(step.blocks, copies=copies, swap=swap, chains=chains))
     if mlp_step.INTERPRETER:  # its 16 x 16 x 16 tiles: the whole-tile cases do load unmasked
         assert mlp_step.whole_tiles(batch, [width] * depth, step.blocks) == (batch % 16 == 0 and width % 16 == 0)
     for scratch in (step.act, step.z, step.g, step.act_t, step.g_t, step.w_t):  # a read of anything unwritten shows
@@ -161,6 +164,25 @@ def test_the_step_writes_nothing_outside_its_buffers() -> None:
         changed = torch.cat([buffer[:4096], buffer[-4096:]]) != 12345.0
         assert not changed.any(), f"{name}: {int(changed.sum())} elements written outside its {inside.numel()}"
     assert not torch.equal(moved.detach(), flat.detach())  # the step did update the moved buffers
+
+
+@pytest.mark.parametrize("chains", [True, False], ids=["chains-apart", "tritons-chain"])
+def test_fp32_products_wait_for_no_other_product_in_the_build(chains) -> None:
+    """Compiled for sm_90 (no GPU needed), fp32's products with Blocks.chains: no mma.sync
+    takes another's result as its accumulator, but in the head's product whose sum starts
+    from a constant zero (its two links). Triton folds x + dot(a, b, 0) into dot(a, b, x),
+    which would chain them again; Triton's own tf32x3 chains two of each three."""
+    root = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, str(root / "tests" / "wgmma_buffers.py"), "fp32",
+                           json.dumps({"chains": chains})], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["dots"] >= 27  # three per product: forward, input-gradient and weight tiles, the head's
+    assert report["chained_dots"] == (2 if chains else report["dots"] // 3), report
 
 
 @pytest.mark.parametrize(("precision", "changes"), [
@@ -376,15 +398,16 @@ def test_tiles_dealt_as_one_sequence_where_that_was_measured_faster() -> None:
 
 def test_reduction_steps_where_they_were_measured_faster() -> None:
     """With 16 x 64 tiles the backward tiles reduce 64 at a time at TF32 (measured 4-5%
-    faster there), 32 at bf16 (11% slower with 64) and fp32, and the head's logits 64 at
-    a time at bf16 (2% faster), 128 otherwise; 16 x 32 tiles keep 32 and 128."""
+    faster there) and at fp32 with 3xTF32's chains apart (11% faster), 32 at bf16 (11%
+    slower with 64), and the head's logits 64 at a time at bf16 (2% faster), 128
+    otherwise; 16 x 32 tiles keep 32 and 128."""
     def steps(rows, width, precision):
         blocks = mlp_step.blocks_for(rows, width, 132, precision, interpreter=False)
         return blocks.k, blocks.head_k
 
     assert steps(512, 512, "tf32") == steps(1024, 512, "tf32") == steps(512, 256, "tf32") == (64, 128)
     assert steps(512, 512, "bf16") == steps(1024, 512, "bf16") == (32, 64)
-    assert steps(512, 512, "fp32") == (32, 128)
+    assert steps(512, 512, "fp32") == (64, 128)
     assert steps(64, 512, "tf32") == steps(128, 512, "tf32") == steps(64, 512, "bf16") == (32, 128)
 
 
@@ -410,6 +433,25 @@ def test_transposed_products_and_copies_where_they_were_measured_faster() -> Non
         assert chosen(64, 512, precision) == chosen(512, 128, precision) == (0, 0)
 
 
+def test_fp32_runs_3xtf32_as_independent_chains_everywhere() -> None:
+    """Measured on an H200 (docs/fused-step.md): fp32's step with 3xTF32's three products
+    as chains apart took 89.5 us against 112.8 at the study shape, and 55.9 against 64.9
+    at batch 64, with gradients as close to float64. Every fp32 tile choice takes it, the
+    interpreter's too; it names its own mode only where the precision is 'tf32x3'."""
+    for rows, width in ((512, 512), (64, 512), (512, 128), (1024, 1024), (512, 256)):
+        assert mlp_step.blocks_for(rows, width, 132, "fp32", interpreter=False).chains
+    assert mlp_step.blocks_for(512, 512, 132, "fp32", interpreter=True).chains
+    for precision in ("tf32", "bf16"):
+        assert not mlp_step.blocks_for(512, 512, 132, precision, interpreter=False).chains
+    x, y, (model, _), (optim, _), _ = problem(32, 2, "relu", "adam")
+    step = fused(x, y, model, optim, "relu", 24)
+    chains, plain = step.blocks, dataclasses.replace(step.blocks, chains=False)
+    assert step.dot_for(plain) == mlp_step.STRICT_FP32
+    assert step.dot_for(chains) == ("tf32x3 chains" if mlp_step.STRICT_FP32 == "tf32x3" else mlp_step.STRICT_FP32)
+    step.dot = "tf32"  # a TF32 step keeps its mode whatever the field says
+    assert step.dot_for(chains) == "tf32"
+
+
 def test_tile_and_reduction_choices_at_their_exact_thresholds() -> None:
     """132 SMs, 264 programs: 16 x 64 tiles from programs / 2 = 132 tiles of a hidden
     layer (TF32 from 3/8, 99), fp32's 32 x 64 wider than 512 from 3/4 = 198 of them;
@@ -420,7 +462,7 @@ def test_tile_and_reduction_choices_at_their_exact_thresholds() -> None:
         return blocks.m, blocks.n, blocks.k, blocks.k_forward, blocks.flags, blocks.balance
 
     # fp32, width 1024 (16 column blocks of 64): 13 x 16 = 208 tiles of 32 rows at 385 rows, 12 x 16 = 192 at 384
-    assert b(385, 1024)[:2] == (32, 64) and b(384, 1024) == (16, 64, 32, 64, True, False)
+    assert b(385, 1024)[:2] == (32, 64) and b(384, 1024) == (16, 64, 64, 64, True, False)
     assert b(1024, 576)[:2] == (32, 64) and b(1024, 512)[:2] == (16, 64)  # wider than 512 only
     # width 512 (8 column blocks): 17 x 8 = 136 tiles at 257 rows, 16 x 8 = 128 at 256
     for precision in ("fp32", "bf16"):

@@ -1,11 +1,12 @@
 """Compiles the fused step for sm_90 (no GPU needed) and prints, as JSON, where each
 operand of its warpgroup MMAs (wgmma) comes from: a pipelined shared-memory buffer of
-N stages, or registers. Run in a process without TRITON_INTERPRET (test_mlp_step.py
-starts it): the interpreter replaces the kernels the compiler needs.
+N stages, or registers; and how many of its mma.sync products wait for another's sum.
+Run in a process without TRITON_INTERPRET (test_mlp_step.py starts it): the interpreter
+replaces the kernels the compiler needs.
 
     python tests/wgmma_buffers.py tf32 '{"swap": 7, "copies": 3}'
 
-Written by hand: Triton reports no buffer counts, so this reads its TTGIR text.
+Written by hand: Triton reports neither, so this reads its TTGIR text.
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ def operand_sources(ttgir: str) -> list[str]:
         if dot:
             sources += [source(dot.group(1), i), source(dot.group(2), i)]
     return sources
+
+
+def chained_dots(ttgir: str) -> list[bool]:
+    """For each `tt.dot` (the MMAs of mma.sync), whether its accumulator is the result of
+    another dot: a product that waits for the one before it."""
+    lines = ttgir.splitlines()
+    made_by = {}
+    chained = []
+    for line in lines:
+        found = re.match(r"\s*(%[\w.#]+)(?::\d+)? = (\S+)", line)
+        dot = re.search(r"= tt\.dot (%[\w.#]+), (%[\w.#]+), (%[\w.#]+)", line)
+        if dot:
+            chained.append(made_by.get(dot.group(3)) == "tt.dot")
+        if found:  # SSA names repeat across regions: the latest definition is the one in scope
+            made_by[found.group(1)] = found.group(2)
+    return chained
 
 
 def compile_step(precision: str, changes: dict[str, int]) -> tuple[str, int]:
@@ -92,4 +109,6 @@ def compile_step(precision: str, changes: dict[str, int]) -> tuple[str, int]:
 
 if __name__ == "__main__":
     ttgir, stages = compile_step(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
-    print(json.dumps({"stages": stages, "sources": operand_sources(ttgir)}))
+    chained = chained_dots(ttgir)
+    print(json.dumps({"stages": stages, "sources": operand_sources(ttgir), "dots": len(chained),
+                      "chained_dots": sum(chained)}))

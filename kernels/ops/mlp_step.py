@@ -35,6 +35,7 @@ from kernels.ops.optim import adam_update
 from kernels.ops.optim import constants
 from kernels.ops.optim import rmsprop_update
 from kernels.ops.optim import sgd_update
+from kernels.ops.presplit import split_hi
 from kernels.plan.launch_plan import ACTIVATION_CODES
 from kernels.plan.launch_plan import STRICT_FP32
 from kernels.plan.launch_plan import cdiv
@@ -98,6 +99,20 @@ def _dot(a, b, acc, DOT: tl.constexpr):
             return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), acc,
                           input_precision="ieee")
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    elif DOT == "tf32x3 chains":
+        # 3xTF32 as three independent chains of MMAs, each from zero, summed in fp32 after
+        # each reduction step. Triton's tf32x3 chains the three products one after another
+        # (a_lo b_hi, then a_hi b_lo, then a_hi b_hi into the same accumulator), so each waits
+        # for the last. `zero` is not a constant: Triton folds x + dot(a, b, 0) into
+        # dot(a, b, x), which would chain them again; the running sum stays out of the
+        # MMA, whose accumulation drops low bits of what it adds. Inf operands give NaN.
+        a_hi = split_hi(a)
+        b_hi = split_hi(b)
+        zero = acc * 0.0
+        lo_hi = tl.dot(a - a_hi, b_hi, zero, input_precision="tf32")
+        hi_lo = tl.dot(a_hi, b - b_hi, zero, input_precision="tf32")
+        hi_hi = tl.dot(a_hi, b_hi, zero, input_precision="tf32")
+        return acc + (hi_hi + (lo_hi + hi_lo))
     else:
         return tl.dot(a, b, acc, input_precision=DOT)
 
@@ -921,6 +936,7 @@ class Blocks:
     # Both measured slower than blocks_for's tiles on an H200 (docs/step-budget.md); options for a design probe.
     split: int = 1  # 1 or 2: each hidden tile's reduction over this many work items, summed in a fixed order
     tma: bool = False  # the hidden forward and input-gradient products load through tensor-memory descriptors
+    chains: bool = False  # fp32 at 'tf32x3': its three products as independent chains (_dot)
 
     @property
     def chunk(self) -> int:
@@ -943,20 +959,22 @@ def blocks_for(
     64 at a time (`k_forward`) where that was faster, and at TF32 with 16 x 64 tiles the
     backward tiles too (`k`). With 16 x 32 tiles and counter waits the step's tiles are
     dealt out as one sequence (`balance`; not at fp32 and width 256): phase by phase, half
-    the programs had no tile of a 128-tile phase. Measured choices: docs/fused-step.md."""
+    the programs had no tile of a 128-tile phase. fp32 runs 3xTF32's three products as
+    chains apart (`chains`), and its 16 x 64 tiles' backward then reduces 64 at a time.
+    Measured choices: docs/fused-step.md."""
     bf16, tf32 = precision == "bf16", precision == "tf32"
     copies = ALL_COPIES if bf16 else 0
     if interpreter:  # the swapped products and copies too, so that CI runs the GPU's choice
         fp32 = precision == "fp32"
         return Blocks(16, 16, 16, 16, 4, head_k=16, copies=0 if fp32 else ALL_COPIES, flags=True,
-                      swap=0 if fp32 else SWAP_CHOSEN, balance=True)
+                      swap=0 if fp32 else SWAP_CHOSEN, balance=True, chains=fp32)
     programs = 2 * sms  # Blocks.per_sm below; one per SM only where two do not fit
     if precision == "fp32" and width > 512 and cdiv(rows, 32) * cdiv(width, 64) >= programs * 3 // 4:
-        return Blocks(32, 64, 32, 16, 4, per_sm=2)
+        return Blocks(32, 64, 32, 16, 4, per_sm=2, chains=True)
     tiles = cdiv(rows, 16) * cdiv(width, 64)
     if tiles >= programs // 2 or (tf32 and tiles >= programs * 3 // 8):
-        if precision == "fp32":  # 3xTF32's split operands gained 2% swapped, all swapped only
-            return Blocks(16, 64, 32, 16, 4, 2, per_sm=2, flags=True, k_forward=64)
+        if precision == "fp32":  # chains apart: 89.5 us a step against 112.8 (k=32 with them: 100.8)
+            return Blocks(16, 64, 64, 16, 4, 2, per_sm=2, flags=True, k_forward=64, chains=True)
         backward_k = 64 if tf32 else 32  # 64 was 4-5% faster at TF32, 11% slower at bf16
         head_k = 64 if bf16 else 128  # bf16's logits: 2% faster in steps of 64, TF32's even
         return Blocks(16, 64, backward_k, 16, 4, per_sm=2, copies=ALL_COPIES, flags=True, k_forward=64,
@@ -966,7 +984,7 @@ def blocks_for(
     swap = SWAP_CHOSEN if bf16 else 0
     balance = flags and (precision != "fp32" or width != 256)  # 2% slower there, 3-13% faster elsewhere
     return Blocks(16, 32, 32, 16, 4, per_sm=2, copies=copies, flags=flags, k_forward=k_forward, swap=swap,
-                  balance=balance)
+                  balance=balance, chains=precision == "fp32")
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
@@ -1111,6 +1129,10 @@ class FusedStep:
                                 device=self.device)
         self.barrier.zero_()  # counts arrivals by the grid's programs, which may change
 
+    def dot_for(self, blocks: Blocks) -> str:
+        """The products' mode: the precision's, with Blocks.chains 3xTF32's chains apart."""
+        return f"{self.dot} chains" if blocks.chains and self.dot == "tf32x3" else self.dot
+
     @staticmethod
     def usable(layers: list[torch.nn.Linear], rows: int) -> str | None:
         """None where the fused step runs these layers on batches of `rows`, else why not."""
@@ -1143,7 +1165,7 @@ class FusedStep:
         ]
         kwargs = dict(
             L=self.L, SPLIT=b.split, TMA=b.tma, COPIES=b.copies, FLAGS=b.flags, BALANCE=b.balance,
-            ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot,
+            ACTIVATION=self.activation, SAVE_Z=self.save_z, DOT=self.dot_for(b),
             ALIGNED=self.aligned, EVEN=self.unmasked and whole_tiles(self.rows, self.widths[:-1], b),
             BATCH_TAIL=self.unmasked, SWAP=b.swap,
             BLOCK_M=b.m, BLOCK_N=b.n, BLOCK_K=b.k, FORWARD_K=b.k_forward or b.k, CHUNK=b.chunk, HEAD_M=b.head_m,
