@@ -933,10 +933,10 @@ class Blocks:
     k_forward: int = 0  # the forward tiles' reduction step, where not k
     swap: int = 0  # bits: the forward (1), input-gradient (2), weight (4) tiles' products run transposed (_mma)
     balance: bool = False  # the step's tiles dealt to the programs as one sequence, not phase by phase
+    chains: bool = False  # fp32 at 'tf32x3': its three products as independent chains (_dot)
     # Both measured slower than blocks_for's tiles on an H200 (docs/step-budget.md); options for a design probe.
     split: int = 1  # 1 or 2: each hidden tile's reduction over this many work items, summed in a fixed order
     tma: bool = False  # the hidden forward and input-gradient products load through tensor-memory descriptors
-    chains: bool = False  # fp32 at 'tf32x3': its three products as independent chains (_dot)
 
     @property
     def chunk(self) -> int:
