@@ -166,21 +166,28 @@ def test_the_step_writes_nothing_outside_its_buffers() -> None:
     assert not torch.equal(moved.detach(), flat.detach())  # the step did update the moved buffers
 
 
+def ttgir_report(precision: str, changes: dict) -> dict:
+    """tests/wgmma_buffers.py's report of the study shape's sm_90 build with these Blocks
+    changes, from a process without the interpreter (which replaces the compiler)."""
+    root = Path(__file__).resolve().parents[1]
+    # Without TRITON_DEFAULT_FP_FUSION too: the kernels package sets it, or Triton warns.
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))  # this checkout's kernels
+    done = subprocess.run([sys.executable, str(root / "tests" / "wgmma_buffers.py"), precision, json.dumps(changes)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TRITON_DEFAULT_FP_FUSION is unset" not in done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("chains", [True, False], ids=["chains-apart", "tritons-chain"])
 def test_fp32_products_wait_for_no_other_product_in_the_build(chains) -> None:
     """Compiled for sm_90 (no GPU needed), fp32's products with Blocks.chains: no mma.sync
     takes another's result as its accumulator, but in the head's product whose sum starts
     from a constant zero (its two links). Triton folds x + dot(a, b, 0) into dot(a, b, x),
     which would chain them again; Triton's own tf32x3 chains two of each three."""
-    root = Path(__file__).resolve().parents[1]
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(root / "tests" / "wgmma_buffers.py"), "fp32",
-                           json.dumps({"chains": chains})], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = ttgir_report("fp32", {"chains": chains})
     assert report["dots"] >= 27  # three per product: forward, input-gradient and weight tiles, the head's
     assert report["chained_dots"] == (2 if chains else report["dots"] // 3), report
 
@@ -196,16 +203,7 @@ def test_no_wgmma_reads_a_buffer_the_pipeline_refills_while_it_reads(precision, 
     into registers got one fewer from Triton's pipeliner, and the asynchronous wgmma read
     it while the next loads refilled it: different bits run to run on an H200, caught by
     the GPU tests. tests/wgmma_buffers.py reads the buffers from Triton's TTGIR."""
-    root = Path(__file__).resolve().parents[1]
-    # Without TRITON_DEFAULT_FP_FUSION too: the kernels package sets it, or Triton warns.
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))  # this checkout's kernels
-    done = subprocess.run([sys.executable, str(root / "tests" / "wgmma_buffers.py"), precision, json.dumps(changes)],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "TRITON_DEFAULT_FP_FUSION is unset" not in done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = ttgir_report(precision, changes)
     buffered = [source for source in report["sources"] if source != "registers"]
     assert buffered, f"no wgmma reads shared memory: the swapped products no longer reach wgmma ({report})"
     assert set(buffered) == {f"buffers={report['stages']}"}, report
