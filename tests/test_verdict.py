@@ -150,6 +150,8 @@ def test_first_epoch_figures_are_judged_only_between_warm_caches() -> None:
     assert grown("empty", "warm") == []
     assert grown("warm", "cold (emptied for this session)") == []
     assert grown("empty", "empty") == []  # compilation time moves with the host's load
+    ahead = "warm (compiled ahead in 16 processes, 47.7 s, from cold)"  # --compile-workers: warm first epochs
+    assert grown(ahead, "warm") == grown("warm", ahead) == ["vram_peak_mib", "energy_per_epoch_j"]
 
 
 SMOKE_FLOORS = Budget(accuracy_min=0.30, macro_f1_min=0.2, rss_peak_mib_max=1000.0)

@@ -75,6 +75,8 @@ SETTINGS_FIELDS: tuple[Field, ...] = (
     Field("time_gated", "whether the time gate judged the run (--time-gate)"),
     Field(KERNEL_CACHES, "Triton's and Inductor's caches at start: 'warm', 'empty' or "
                          "'cold (emptied for this session)'"),
+    Field("compiled_ahead", "what --compile-workers did before the first case (workers, cases, built, seconds, "
+                            "failed), or None"),
 )
 
 # A training case's extra_info (bench/plugin/fixture.py), in the order it is written.
@@ -90,7 +92,8 @@ CASE_FIELDS: tuple[Field, ...] = (
     Field("notes", "what the trainer changed or fell back to, in words"),
     Field("epoch_seconds_by_round", "per training, the seconds of each epoch (the first is the warm-up)"),
     Field("first_epoch_s", "the warm-up epoch's seconds, compilation and capture included"),
-    Field("kernel_caches", "whether Triton's and Inductor's caches were 'warm' or 'cold'"),
+    Field("kernel_caches", "the caches the first epoch found: the session's state at start, or 'warm (compiled "
+                           "ahead ...)' after --compile-workers"),
     Field("median_epoch_s", "the median steady epoch, seconds"),
     Field("train_seconds", "the whole training's seconds"),
     Field("samples_per_s", "training samples per second at the median epoch"),

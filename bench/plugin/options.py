@@ -61,6 +61,15 @@ def plant_on(plant: Plant | None, device: torch.device) -> Plant | None:
     return Plant(plant.fraction, "host", note)
 
 
+def parse_workers(value: str) -> int | str:
+    """'auto' (one process per CPU) or a whole number of processes, 0 (the default) for none."""
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of processes: use 0, a whole number or auto")
+    return int(value)
+
+
 class ShardAction(argparse.Action):
     """--shard I/N. argparse reads a value that begins with '-' (``--shard -1/2``) as the
     next option and would say only "expected one argument": the value is optional to
@@ -105,6 +114,13 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--cold-caches", action="store_true", default=False,
                     help="point Triton's and Inductor's caches at empty folders for this session, so each "
                          "first epoch includes compilation; records say whether caches were cold or warm")
+    group.addoption("--compile-workers", type=parse_workers, default=0, metavar="N|auto",
+                    help="before the timed cases, run each training case's first epochs in N processes side by "
+                         "side (auto: one per CPU), so their kernels compile in parallel into the session's "
+                         "caches; records say the caches were warm, compiled ahead. Default: 0 (none)")
+    group.addoption("--compile-only", action="store_true", default=False,
+                    help="only build: each training case trains two epochs and evaluates, then skips; nothing "
+                         "is timed, stored or judged (fills the kernel caches, e.g. on a new runner)")
     group.addoption("--kernel-trace", action="store_true", default=False,
                     help="after each case, profile a few steady epochs and store the kernel table; "
                          "a time regression against a traced baseline names the kernels that grew")
@@ -143,6 +159,8 @@ class Options:
     plant: Plant | None
     trace: bool
     cold_caches: bool
+    compile_workers: int | str  # --compile-workers: 'auto' or a count, 0 for none
+    compile_only: bool
     latency_pin: bool
     tier: str
     time_gated: bool  # whether time is judged against the baseline (--time-gate)
@@ -177,6 +195,8 @@ class Options:
             plant=plant_on(config.getoption("plant_slowdown"), device),
             trace=config.getoption("kernel_trace"),
             cold_caches=config.getoption("cold_caches"),
+            compile_workers=config.getoption("compile_workers"),
+            compile_only=config.getoption("compile_only"),
             latency_pin=config.getoption("latency_pin") == "on",
             tier=config.getoption("tier"),
             time_gated={"on": True, "off": False}.get(config.getoption("time_gate"), gpu),

@@ -7,6 +7,7 @@ pytest-benchmark's machine_info, and prints the study's tables at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.metadata
 import os
@@ -19,6 +20,10 @@ from typing import Any
 import pytest
 import torch
 
+from bench.plugin.ahead import Ahead
+from bench.plugin.ahead import compile_ahead
+from bench.plugin.ahead import worker_args
+from bench.plugin.ahead import workers_for
 from bench.plugin.benchmark_options import check as check_benchmark_options
 from bench.plugin.benchmark_options import check_compare_fail
 from bench.gate.budgets import Budgets
@@ -71,6 +76,7 @@ class LoadBenchSession:
         self.config = config
         self.options = Options.from_config(config)
         check_benchmark_options(config, timed_epochs=self.options.epochs - 1)
+        self._check_compile_options()
         try:
             self.budgets = Budgets.load(self.options.budgets)
         except BudgetError as exc:
@@ -84,6 +90,7 @@ class LoadBenchSession:
             except DataError as exc:
                 raise pytest.UsageError(f"--dataset: {exc}") from None
         self.caches = KernelCaches.for_session(cold=self.options.cold_caches)
+        self.ahead: Ahead | None = None  # what --compile-workers did before the first case
         self.probe = GpuProbe.open(self.options.device)
         self.baselines: list[Baseline] = []
         self.baseline_messages: list[str] = []
@@ -122,6 +129,11 @@ class LoadBenchSession:
             "capability": ".".join(map(str, torch.cuda.get_device_capability(info.index))),
         }
 
+    @property
+    def first_epoch_caches(self) -> str:
+        """What a case's first epoch found: the caches' state at start, or warm once compiled ahead."""
+        return self.caches.state if self.ahead is None else self.ahead.state(self.caches.state)
+
     def settings(self) -> dict[str, Any]:
         o = self.options
         shard = self.config.getoption("shard")
@@ -144,6 +156,7 @@ class LoadBenchSession:
             "tier": o.tier,
             "time_gated": o.time_gated,
             "kernel_caches": self.caches.state,
+            "compiled_ahead": dataclasses.asdict(self.ahead) if self.ahead is not None else None,
         }
 
     def dataset(self, fraction: float = 1.0) -> Dataset:
@@ -202,6 +215,25 @@ class LoadBenchSession:
         folder = self._scratch / name
         folder.mkdir(exist_ok=True)
         return folder
+
+    def _check_compile_options(self) -> None:
+        """Refuse what --compile-only and --compile-workers cannot honour."""
+        opt, o = self.config.getoption, self.options
+        if o.compile_only:
+            stored = [flag for flag, name in (("--benchmark-save", "benchmark_save"),
+                                              ("--benchmark-autosave", "benchmark_autosave"),
+                                              ("--benchmark-json", "benchmark_json"),
+                                              ("--benchmark-compare", "benchmark_compare")) if opt(name, None)]
+            if stored:
+                raise pytest.UsageError(f"--compile-only: nothing is timed, so there is nothing to store or compare: "
+                                        f"drop {', '.join(stored)}")
+            if o.compile_workers != 0:
+                raise pytest.UsageError("--compile-only with --compile-workers: the workers run --compile-only "
+                                        "themselves; use --compile-workers N for a timed session compiled ahead, "
+                                        "or --compile-only alone")
+        if o.compile_workers != 0 and opt("numprocesses", None):
+            raise pytest.UsageError("--compile-workers with pytest-xdist's -n: the xdist workers would each compile "
+                                    "ahead what the others also run; use one or the other")
 
     @property
     def no_baseline_reason(self) -> str:
@@ -330,8 +362,14 @@ class LoadBenchSession:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """After -k and -m have deselected: leave out the nightly cases in the pr tier, then
-        with --shard i/n keep the i-th shard of what is left (bench/gate/shards.py says which)."""
+        """After -k and -m have deselected: with --compile-only leave out the tests that do not
+        train through the fixture, in the pr tier the nightly cases, then with --shard i/n
+        keep the i-th shard of what is left (bench/gate/shards.py says which)."""
+        if self.options.compile_only:  # only the training cases have a first epoch to build
+            others = [item for item in items if "loadbench" not in getattr(item, "fixturenames", ())]
+            if others:
+                items[:] = [item for item in items if item not in others]
+                config.hook.pytest_deselected(items=others)
         if self.options.tier == "pr":
             nightly = [item for item in items if item.get_closest_marker("nightly") is not None]
             if nightly:
@@ -342,6 +380,22 @@ class LoadBenchSession:
         if shard is not None:
             self._keep_shard(config, items, shard)
         self.collected = len(items)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """--compile-workers: every training case's first epochs in worker processes, now,
+        before the first timed case (bench/plugin/ahead.py)."""
+        o = self.options
+        cases = [item.nodeid for item in session.items if "loadbench" in getattr(item, "fixturenames", ())]
+        workers = workers_for(o.compile_workers, len(cases))
+        if not workers or o.compile_only or hasattr(self.config, "workerinput"):
+            return
+        args = worker_args(profile=o.profile.name, device=str(o.device), loop=o.loop, impl=o.impl,
+                           optimizer_impl=o.optimizer_impl, precision=o.precision, dataset=o.dataset,
+                           rootdir=self.config.rootpath)
+        self.ahead = compile_ahead(cases, args, workers, cwd=self.config.rootpath)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(self.ahead.line())
 
     def _keep_shard(self, config: pytest.Config, items: list[pytest.Item], shard: tuple[int, int]) -> None:
         """Keep the shard's items (bench/gate/shards.py deals them); name a shard left empty."""
