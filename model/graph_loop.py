@@ -7,8 +7,9 @@ STEPS_PER_GRAPH steps; ``loop='step-graph'`` captures one graph for a full batch
 one for the partial batch, each reading its indices from a static buffer.
 
 The first call warms up on a side stream, puts parameters and optimizer state back as
-they were, then captures, so the trajectory matches the eager fast loop's. The
-optimizer's step must be capturable (its step count on the device, no host read).
+they were, then captures, so the trajectory matches the eager fast loop's. Each epoch
+ends by drawing the next one's batch order behind its steps. The optimizer's step must
+be capturable (its step count on the device, no host read).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class GraphEpoch:
         self.epoch_graphs: list[torch.cuda.CUDAGraph] = []  # whole-epoch mode, in step order
 
     def __call__(self) -> float:
-        self.perm.copy_(torch.randperm(self.n, device=self.device, generator=self.generator))
         if not self.epoch_graphs and not self.graphs:
+            self._draw()
             self._warm_up()
             self._capture()
         if self.whole_epoch:
@@ -74,7 +75,15 @@ class GraphEpoch:
                 size = min(self.batch, self.n - start)
                 self.index[:size].copy_(self.perm[start : start + size])
                 self.graphs[size].replay()
+        # The next epoch's order, drawn while this epoch's steps run: the sort's kernels
+        # queue behind the steps, which read the buffer before it is refilled (stream
+        # order), so the next epoch starts on its first step rather than waiting on the
+        # host to launch the sort. The generator draws the same orders in the same order.
+        self._draw()
         return float(self.total) / self.n
+
+    def _draw(self) -> None:
+        self.perm.copy_(torch.randperm(self.n, device=self.device, generator=self.generator))
 
     def _step_at(self, index: torch.Tensor) -> None:
         if self.fused_step is not None:

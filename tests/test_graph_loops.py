@@ -103,8 +103,9 @@ def test_graph_loops_match_the_fast_loop_exactly(runs, loop, optimizer) -> None:
     assert fast.result.loop == "fast"
     assert graph.result.loop == loop and graph.result.notes == []
     assert graph.result.optimizer_impl.endswith("+capturable")
-    # The same generator, seeded alike, draws the same orders in both loops.
-    assert len(graph.drawn) == len(fast.drawn) == EPOCHS
+    # The same generator, seeded alike, draws the same orders in both loops; a graph loop
+    # draws each next epoch's at the end of the one before, one past the last.
+    assert len(graph.drawn) == len(fast.drawn) + 1 == EPOCHS + 1
     assert all(torch.equal(g, f) for g, f in zip(graph.drawn, fast.drawn))
     # Exact equality, not a tolerance, is what the design promises: a graph records the
     # eager kernels and replays them unchanged, on the same batches in the same order;
@@ -130,10 +131,10 @@ def assert_trained_alike(run: Run, fast: Run) -> None:
 def test_graph_loops_replay_a_new_batch_order_every_epoch(runs, loop) -> None:
     # A permutation filled once, at capture, would still train; only the order shows it.
     run = runs(loop, "adam")
-    assert len(run.drawn) == len(run.read) == EPOCHS  # one draw per epoch, not one per capture
+    assert len(run.drawn) == len(run.read) + 1 == EPOCHS + 1  # one draw per epoch, not one per capture
     n = len(run.read[0])
-    for epoch, (drawn, read) in enumerate(zip(run.drawn, run.read)):
-        assert torch.equal(read, drawn), f"epoch {epoch}: the graphs' buffer does not hold this epoch's draw"
+    for epoch, read in enumerate(run.read):  # after an epoch, the buffer holds the next one's draw
+        assert torch.equal(read, run.drawn[epoch + 1]), f"epoch {epoch}: the graphs' buffer does not hold the next draw"
         assert is_permutation(read, n), epoch
     if loop == "graph":  # its one graph was captured reading this address: refilled in place
         assert len(set(run.read_at)) == 1
@@ -239,6 +240,8 @@ def test_graph_epoch_batches_cover_every_frame_once_with_the_partial_batch(monke
     assert loss == pytest.approx(sum(range(n)) / n)  # every frame's loss, divided by all frames
     for _ in range(2):
         seen.clear()
+        order = epoch.perm.clone()  # drawn at the end of the epoch before
         epoch()
         assert [len(b) for b in seen] == [4, 4, 2]
-        assert torch.equal(torch.cat(seen), epoch.perm)  # the epoch's order, each frame once
+        assert torch.equal(torch.cat(seen), order)  # the epoch's order, each frame once
+        assert not torch.equal(epoch.perm, order)  # and the next epoch's is drawn
