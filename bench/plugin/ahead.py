@@ -28,26 +28,31 @@ from pathlib import Path
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds bench/, model/ and kernels/
 BUILT = "--compile-only: "  # how a worker's skipped case begins its reason
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)")
-_BUILT = re.compile(r"^SKIPPED \[(\d+)\] [^:]+(?::\d+)?: " + re.escape(BUILT))  # [N]: N cases alike
+_BUILT = re.compile(r"^SKIPPED \[\d+\] [^:]+(?::\d+)?: " + re.escape(BUILT) + r"(\S+) ")  # the case's node id
 
 
 @dataclass(frozen=True)
 class Ahead:
-    """What compiling ahead did: its processes, the cases dealt, those built, its seconds
-    and what failed (a case's node id, or a worker that stopped before naming one)."""
+    """What compiling ahead did: its processes, the cases dealt, the node ids of those built,
+    its seconds and what failed (a case's node id, or a worker that stopped before naming one)."""
 
     workers: int
     cases: int
-    built: int
+    built: tuple[str, ...]
     seconds: float
     failed: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        """For the run's settings: the counts, the seconds and what failed."""
+        return {"workers": self.workers, "cases": self.cases, "built": len(self.built),
+                "seconds": round(self.seconds, 1), "failed": list(self.failed)}
 
     def state(self, before: str) -> str:
         """The caches' state for the records: the timed cases' first epochs found them warm."""
         return f"warm (compiled ahead in {self.workers} processes, {self.seconds:.1f} s, from {before.split()[0]})"
 
     def line(self) -> str:
-        text = (f"mlp-loadbench: compiled ahead: {self.built} of {self.cases} case(s) in {self.workers} "
+        text = (f"mlp-loadbench: compiled ahead: {len(self.built)} of {self.cases} case(s) in {self.workers} "
                 f"process(es), {self.seconds:.1f} s")
         if self.failed:
             text += (f"; {len(self.failed)} failed there and compile in their own first epoch: "
@@ -71,13 +76,14 @@ def deal(nodeids: Sequence[str], workers: int) -> list[list[str]]:
 
 
 def worker_args(*, profile: str, device: str, loop: str, impl: str, optimizer_impl: str, precision: str,
-                dataset: str, rootdir: Path) -> list[str]:
-    """A worker's pytest arguments before its node ids: the session's axes, two epochs, every
-    tier (the node ids were already chosen), nothing stored."""
+                dataset: str, rootdir: Path, inifile: Path | None = None) -> list[str]:
+    """A worker's pytest arguments before its node ids: the session's rootdir and ini file,
+    its axes, two epochs, every tier (the node ids were already chosen), nothing stored."""
     if dataset != "synthetic":
         dataset = str(Path(dataset).resolve())
     return ["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--benchmark-disable", "--compile-only",
-            f"--rootdir={rootdir}", f"--profile={profile}", f"--device={device}", f"--loop={loop}", f"--impl={impl}",
+            f"--rootdir={rootdir}", *(["-c", str(inifile)] if inifile is not None else []),
+            f"--profile={profile}", f"--device={device}", f"--loop={loop}", f"--impl={impl}",
             f"--optimizer-impl={optimizer_impl}", f"--precision={precision}", f"--dataset={dataset}",
             "--tier=nightly", "--epochs=2"]
 
@@ -91,10 +97,10 @@ def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def outcome(text: str, returncode: int, worker: int) -> tuple[int, list[str]]:
-    """From a worker's output: how many cases it built, and what failed."""
+def outcome(text: str, returncode: int, worker: int) -> tuple[list[str], list[str]]:
+    """From a worker's output: the node ids of the cases it built, and what failed."""
     lines = text.splitlines()
-    built = sum(int(m.group(1)) for line in lines if (m := _BUILT.match(line)))
+    built = [m.group(1) for line in lines if (m := _BUILT.match(line))]
     failed = [m.group(1) for line in lines if (m := _FAILED.match(line))]
     if returncode not in (0, 1) or (returncode == 1 and not failed):
         last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
@@ -107,7 +113,8 @@ def compile_ahead(nodeids: Sequence[str], args: Sequence[str], workers: int, cwd
     """Run `nodeids` dealt over `workers` processes of `python args <node ids>` and wait for all."""
     groups = deal(nodeids, workers)
     start = time.monotonic()
-    built, failed = 0, []
+    built: list[str] = []
+    failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="loadbench-ahead-") as logs:
         running: list[tuple[subprocess.Popen, Path]] = []
         try:
@@ -126,4 +133,4 @@ def compile_ahead(nodeids: Sequence[str], args: Sequence[str], workers: int, cwd
                 if process.poll() is None:
                     process.kill()
                     process.wait()
-    return Ahead(len(groups), len(nodeids), built, time.monotonic() - start, tuple(failed))
+    return Ahead(len(groups), len(nodeids), tuple(built), time.monotonic() - start, tuple(failed))

@@ -127,8 +127,8 @@ class LoadBench:
         except torch.cuda.OutOfMemoryError as exc:
             pytest.fail(f"{case.id}: out of GPU memory on {self.session.options.device}: {str(exc).splitlines()[0]}",
                         pytrace=False)
-        pytest.skip(f"{BUILT}{case.id}: {epochs} epochs and the evaluation in {time.monotonic() - start:.2f} s; "
-                    "nothing timed or stored")
+        pytest.skip(f"{BUILT}{self.request.node.nodeid} ({case.id}): {epochs} epochs and the evaluation in "
+                    f"{time.monotonic() - start:.2f} s; nothing timed or stored")
 
     def _profile_once(self, trainer: Trainer) -> KernelTable | str:
         """One more epoch under the profiler, or why it could not be profiled (no CUPTI)."""
@@ -231,7 +231,7 @@ class LoadBench:
             "notes": result.notes,
             "epoch_seconds_by_round": rounds,
             "first_epoch_s": rounds[-1][0],
-            "kernel_caches": session.first_epoch_caches,  # what the first epoch paid for compilation
+            "kernel_caches": session.first_epoch_caches(self.request.node.nodeid),  # what the first epoch compiled
             "median_epoch_s": median_epoch,
             "train_seconds": sum(rounds[-1]),
             "samples_per_s": len(data.y_train) / median_epoch,

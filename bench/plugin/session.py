@@ -7,7 +7,6 @@ pytest-benchmark's machine_info, and prints the study's tables at the end.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import importlib.metadata
 import os
@@ -129,10 +128,12 @@ class LoadBenchSession:
             "capability": ".".join(map(str, torch.cuda.get_device_capability(info.index))),
         }
 
-    @property
-    def first_epoch_caches(self) -> str:
-        """What a case's first epoch found: the caches' state at start, or warm once compiled ahead."""
-        return self.caches.state if self.ahead is None else self.ahead.state(self.caches.state)
+    def first_epoch_caches(self, nodeid: str) -> str:
+        """What the first epoch of test `nodeid` found: the caches' state at start, or warm
+        where compiling ahead built its case."""
+        if self.ahead is None or nodeid not in self.ahead.built:
+            return self.caches.state
+        return self.ahead.state(self.caches.state)
 
     def settings(self) -> dict[str, Any]:
         o = self.options
@@ -156,7 +157,7 @@ class LoadBenchSession:
             "tier": o.tier,
             "time_gated": o.time_gated,
             "kernel_caches": self.caches.state,
-            "compiled_ahead": dataclasses.asdict(self.ahead) if self.ahead is not None else None,
+            "compiled_ahead": self.ahead.as_dict() if self.ahead is not None else None,
         }
 
     def dataset(self, fraction: float = 1.0) -> Dataset:
@@ -391,7 +392,7 @@ class LoadBenchSession:
             return
         args = worker_args(profile=o.profile.name, device=str(o.device), loop=o.loop, impl=o.impl,
                            optimizer_impl=o.optimizer_impl, precision=o.precision, dataset=o.dataset,
-                           rootdir=self.config.rootpath)
+                           rootdir=self.config.rootpath, inifile=self.config.inipath)
         self.ahead = compile_ahead(cases, args, workers, cwd=self.config.rootpath)
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
