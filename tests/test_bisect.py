@@ -21,7 +21,7 @@ from bench.tools.bisect_step import ABORT
 from bench.tools.bisect_step import BAD
 from bench.tools.bisect_step import GOOD
 from bench.tools.bisect_step import SKIP
-from bench.tools.bisect_step import checkout_env
+from kernels.ground.processes import checkout_env
 from bench.tools.bisect_step import verdict
 
 # The checkout whose tool the tests run, by absolute path: the tool runs in other folders,

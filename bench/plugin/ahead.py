@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.ground.processes import checkout_env
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds bench/, model/ and kernels/
 BUILT = "--compile-only: "  # how a worker's skipped case begins its reason
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)")
@@ -91,9 +93,8 @@ def worker_args(*, profile: str, device: str, loop: str, impl: str, optimizer_im
 def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The session's environment (its caches' folders included), tuning off, no added pytest
     options, and this package importable from a checkout that was not installed."""
-    env = dict(os.environ if environ is None else environ)
+    env = checkout_env(PACKAGE_ROOT, os.environ if environ is None else environ)
     env.update(LOADBENCH_TUNE="off", PYTEST_ADDOPTS="")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PACKAGE_ROOT), env.get("PYTHONPATH"))))
     return env
 
 

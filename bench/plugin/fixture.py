@@ -92,11 +92,7 @@ class LoadBench:
                 with monitor:
                     result, epochs = self._train(trainer, config, progress, monitor)
         except torch.cuda.OutOfMemoryError as exc:
-            pytest.fail(
-                f"{case.id}: out of GPU memory (batch {config.batch_size}, width {config.width}, "
-                f"depth {config.depth}) on {options.device}: {str(exc).splitlines()[0]}",
-                pytrace=False,
-            )
+            self._out_of_memory(case, config, exc)
         record = self._record(case, config, data, result, epochs, monitor)
         record["triton_builds"] = builds.counts()
         # After the timed window and the record's memory peaks, before the trainer lets go
@@ -125,10 +121,17 @@ class LoadBench:
             trainer.evaluate()
             trainer.release()
         except torch.cuda.OutOfMemoryError as exc:
-            pytest.fail(f"{case.id}: out of GPU memory on {self.session.options.device}: {str(exc).splitlines()[0]}",
-                        pytrace=False)
+            self._out_of_memory(case, config, exc)
         pytest.skip(f"{BUILT}{self.request.node.nodeid} ({case.id}): {epochs} epochs and the evaluation in "
                     f"{time.monotonic() - start:.2f} s; nothing timed or stored")
+
+    def _out_of_memory(self, case: Case, config: TrainConfig, exc: torch.cuda.OutOfMemoryError) -> None:
+        """Fail the test in one line that names the case, its size and the device."""
+        pytest.fail(
+            f"{case.id}: out of GPU memory (batch {config.batch_size}, width {config.width}, "
+            f"depth {config.depth}) on {self.session.options.device}: {str(exc).splitlines()[0]}",
+            pytrace=False,
+        )
 
     def _profile_once(self, trainer: Trainer) -> KernelTable | str:
         """One more epoch under the profiler, or why it could not be profiled (no CUPTI)."""

@@ -61,6 +61,11 @@ from model.data import split_by_video
 from model.data import to_device
 
 
+def trains(item: pytest.Item) -> bool:
+    """Whether a test trains through the `loadbench` fixture (a case with a first epoch)."""
+    return "loadbench" in getattr(item, "fixturenames", ())
+
+
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
@@ -367,7 +372,7 @@ class LoadBenchSession:
         train through the fixture, in the pr tier the nightly cases, then with --shard i/n
         keep the i-th shard of what is left (bench/gate/shards.py says which)."""
         if self.options.compile_only:  # only the training cases have a first epoch to build
-            others = [item for item in items if "loadbench" not in getattr(item, "fixturenames", ())]
+            others = [item for item in items if not trains(item)]
             if others:
                 items[:] = [item for item in items if item not in others]
                 config.hook.pytest_deselected(items=others)
@@ -386,9 +391,11 @@ class LoadBenchSession:
         """--compile-workers: every training case's first epochs in worker processes, now,
         before the first timed case (bench/plugin/ahead.py)."""
         o = self.options
-        cases = [item.nodeid for item in session.items if "loadbench" in getattr(item, "fixturenames", ())]
+        if o.compile_workers == 0 or o.compile_only or hasattr(self.config, "workerinput"):
+            return
+        cases = [item.nodeid for item in session.items if trains(item)]
         workers = workers_for(o.compile_workers, len(cases))
-        if not workers or o.compile_only or hasattr(self.config, "workerinput"):
+        if not workers:
             return
         args = worker_args(profile=o.profile.name, device=str(o.device), loop=o.loop, impl=o.impl,
                            optimizer_impl=o.optimizer_impl, precision=o.precision, dataset=o.dataset,

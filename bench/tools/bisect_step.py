@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 
+from kernels.ground.processes import checkout_env
+
 GOOD, BAD, SKIP = 0, 1, 125  # git bisect run's exit codes
 ABORT = 128  # git bisect run stops on codes above 127: a step that cannot work must not blame a commit
 TESTS_FAILED = 1  # pytest.ExitCode.TESTS_FAILED: the only pytest failure that blames a commit
@@ -40,13 +42,6 @@ def absolute_pythonpath(environ: Mapping[str, str], cwd: Path) -> dict[str, str]
     if entries:
         env["PYTHONPATH"] = os.pathsep.join(entries)
     return env
-
-
-def checkout_env(repo: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a pytest run on the checkout at `repo`: `repo` first on PYTHONPATH,
-    ahead of the inherited entries and of any installed copy of the project."""
-    rest = [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry and Path(entry) != repo]
-    return {**environ, "PYTHONPATH": os.pathsep.join([str(repo), *rest])}
 
 
 def run_pytest(repo: Path, path: str, case: str, extra: Sequence[str]) -> int:
