@@ -312,6 +312,11 @@ def test_programs_per_sm_are_what_stays_resident() -> None:
     assert mlp_step.resident_per_sm(2, 128, 120 * 1024, 4, **h100) == 1  # shared memory binds
     assert mlp_step.resident_per_sm(2, 255, 300 * 1024, 4, **h100) == 1  # never below one
     assert mlp_step.resident_per_sm(1, 32, 1024, 4, **h100) == 1
+    # Blocks.max_regs: 168 registers hold three programs of 4 warps, 128 four, if shared memory does.
+    assert mlp_step.resident_per_sm(3, 168, 64 * 1024, 4, **h100) == 3
+    assert mlp_step.resident_per_sm(4, 168, 44 * 1024, 4, **h100) == 3
+    assert mlp_step.resident_per_sm(4, 128, 44 * 1024, 4, **h100) == 4
+    assert mlp_step.resident_per_sm(4, 128, 64 * 1024, 4, **h100) == 3  # shared memory binds
 
 
 def test_the_switch_is_parsed_and_checked() -> None:
@@ -727,8 +732,9 @@ def test_a_split_step_matches_float64_and_leaves_its_counters_zero(width, depth,
 @pytest.mark.parametrize("settings", [["--precision", "fp32"], ["--precision", "tf32"], ["--precision", "bf16"],
                                       ["--precision", "tf32", "--set", "m=32", "--set", "split=2"],
                                       ["--precision", "tf32", "--set", "tma=1"],
-                                      ["--precision", "bf16", "--set", "tma=1"]],
-                         ids=["fp32", "tf32", "bf16", "tf32-split", "tf32-tma", "bf16-tma"])
+                                      ["--precision", "bf16", "--set", "tma=1"],
+                                      ["--precision", "tf32", "--set", "max_regs=168", "--set", "per_sm=3"]],
+                         ids=["fp32", "tf32", "bf16", "tf32-split", "tf32-tma", "bf16-tma", "tf32-168-registers"])
 def test_the_step_compiles_for_hopper_without_a_gpu(settings, tmp_path) -> None:
     """The interpreter runs the kernel's Python, not Triton's compiler: a kernel only the
     compiler refuses (a value of two types on two branches, once) passed every CPU test.
@@ -748,6 +754,8 @@ def test_the_step_compiles_for_hopper_without_a_gpu(settings, tmp_path) -> None:
     assert header == KINDS["step-builds"].fields
     assert row["card"] == "sm_90 build (no GPU)" and row["precision"] == settings[1] and int(row["registers"]) > 0
     assert (row["blocks"] == "blocks_for") == ("--set" not in settings)
+    if "max_regs=168" in settings:  # ptxas keeps to the cap and spills the rest
+        assert int(row["registers"]) <= 168
 
 
 @interpreter
@@ -793,6 +801,21 @@ def test_tensor_memory_loads_give_the_same_bits_on_a_gpu(shape) -> None:
     its producer, or read a stale line, would show)."""
     (flat, total, _), (flat_tma, total_tma, _) = (thirty_steps(shape, tma=tma) for tma in (False, True))
     assert torch.equal(flat, flat_tma) and torch.equal(total, total_tma)
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(512, 3, 512, "tf32"), (512, 5, 500, "bf16"), (512, 3, 512, "fp32")],
+                         ids=["3x512-tf32", "5x512-bf16", "3x512-fp32"])
+def test_capped_registers_keep_more_programs_and_the_same_bits_on_a_gpu(shape) -> None:
+    """Blocks.max_regs changes where values live (registers or the stack), not what is
+    computed: with three and four programs an SM resident at once, 30 steps (some batches
+    short) end on the bits of two programs an SM."""
+    flat, total, programs = thirty_steps(shape)
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    for per_sm, changes in ((3, dict(max_regs=168)), (4, dict(max_regs=128, stages=2))):
+        flat_capped, total_capped, capped = thirty_steps(shape, per_sm=per_sm, **changes)
+        assert (programs, capped) == (2 * sms, per_sm * sms), changes
+        assert torch.equal(flat, flat_capped) and torch.equal(total, total_capped), changes
 
 
 def test_the_compile_tool_refuses_the_interpreter(monkeypatch, capsys) -> None:

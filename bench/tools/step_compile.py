@@ -61,8 +61,8 @@ def build(precision: str, changes: dict) -> object:
         else:
             signature[name], constants[(i,)] = "constexpr", value
     source = ASTSource(fn=mlp_step._step_kernel, signature=signature, constexprs=constants)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": kwargs["num_warps"], "num_stages": kwargs["num_stages"]})
+    options = {key: kwargs[key] for key in ("num_warps", "num_stages", "maxnreg") if key in kwargs}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def resources(cubin: bytes) -> dict[str, int]:

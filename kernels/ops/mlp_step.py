@@ -934,9 +934,11 @@ class Blocks:
     swap: int = 0  # bits: the forward (1), input-gradient (2), weight (4) tiles' products run transposed (_mma)
     balance: bool = False  # the step's tiles dealt to the programs as one sequence, not phase by phase
     chains: bool = False  # fp32 at 'tf32x3': its three products as independent chains (_dot)
-    # Both measured slower than blocks_for's tiles on an H200 (docs/step-budget.md); options for a design probe.
+    # The three below measured slower than blocks_for's tiles on an H200 (docs/step-budget.md); options for a
+    # design probe.
     split: int = 1  # 1 or 2: each hidden tile's reduction over this many work items, summed in a fixed order
     tma: bool = False  # the hidden forward and input-gradient products load through tensor-memory descriptors
+    max_regs: int = 0  # registers a thread at most (ptxas's maxnreg; 0: 255): 168 fits per_sm=3 of 4 warps, 128 four
 
     @property
     def chunk(self) -> int:
@@ -1174,6 +1176,8 @@ class FusedStep:
             SPIN=SPIN_LIMIT, times_ptr=self.times, TIMING=self.timing, num_warps=b.warps, num_stages=b.stages,
             **self.hyper,
         )
+        if b.max_regs:
+            kwargs["maxnreg"] = b.max_regs
         return args, kwargs
 
     def _programs_that_fit(self, index: torch.Tensor, total: torch.Tensor) -> int:
