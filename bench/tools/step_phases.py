@@ -153,8 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--per-sm", type=int, choices=(1, 2), default=None,
-                        help="programs per SM (default: the kernel's choice)")
+    parser.add_argument("--per-sm", type=int, choices=(1, 2, 3, 4), default=None,
+                        help="programs per SM (default: the kernel's choice); past two only with registers capped "
+                             "to fit, --set max_regs=168 (three) or 128 (four)")
     parser.add_argument("--tiles", type=parse_tiles, default=None, metavar="MxN",
                         help="output tile rows x columns (default: the kernel's choice, blocks_for)")
     parser.add_argument("--sync", choices=("barriers", "flags"), default=None,
